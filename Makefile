@@ -1,0 +1,44 @@
+# Two commands set everything up on a fresh machine:
+#   make demo   -- the built-in CPU job
+#   make test   -- the test suite (what .ci/run calls)
+# Both create/reuse .venv and install what they need. Without CUDA the CPU torch wheel is installed
+# first, so the project's torch range is already satisfied and no CUDA build is downloaded.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+TORCH_CPU_VERSION ?= 2.13.0
+STAMP   = $(VENV)/.installed
+
+.PHONY: venv demo test lint format clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+		echo "CUDA found: installing the default torch build"; \
+	else \
+		echo "No CUDA: installing the CPU torch wheel $(TORCH_CPU_VERSION)"; \
+		$(PY) -m pip install -q "torch==$(TORCH_CPU_VERSION)" || $(PY) -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu; \
+	fi
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m specdiff_lightning demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format src tests
+	$(VENV)/bin/ruff check --fix src tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

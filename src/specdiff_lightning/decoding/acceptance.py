@@ -1,0 +1,234 @@
+"""Acceptance rules (METHOD.md §3–4) as pure tensor functions, plus the pluggable rule objects.
+
+Notation: a draft ``x[g]``; ``p[g + 1, V]`` the verifier's (warped) distributions along it, ``p[j]``
+conditioned on ``s ⊕ x_{<j}`` (``p[g]`` is the bonus distribution); ``q[g, V]`` the distributions the
+draft tokens were sampled from. Every rule returns how many draft tokens it accepted and the one
+token it emits after them (a correction on rejection, the bonus token when all ``g`` pass).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import sample_tokens
+
+__all__ = [
+    "Verdict",
+    "expected_accepted_length",
+    "accept_greedy",
+    "accept_standard",
+    "accept_recursive",
+    "AcceptanceRule",
+    "GreedyAcceptance",
+    "StandardAcceptance",
+    "RecursiveAcceptance",
+    "ACCEPTANCE_RULES",
+    "get_acceptance_rule",
+]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one verification round.
+
+    Attributes:
+        num_accepted: draft tokens accepted, ``0 <= a <= g``.
+        next_token: the token emitted after them.
+        draft_index: the draft whose first ``a`` tokens were accepted.
+    """
+
+    num_accepted: int
+    next_token: int
+    draft_index: int = 0
+
+
+def _normalise(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    total = weights.sum()
+    # A residual can only vanish when acceptance was certain; fall back rather than divide by 0.
+    return weights / total if total > 0 else fallback
+
+
+def _first_rejection(accept: torch.Tensor) -> int:
+    """Index of the first False in a bool vector (its length when all are True)."""
+    rejected = (~accept).nonzero()
+    return int(rejected[0]) if rejected.numel() else accept.shape[0]
+
+
+def expected_accepted_length(token_probs: torch.Tensor) -> torch.Tensor:
+    """Eq. (8): ``tau_k = sum_j prod_{i<=j} p(x_i^(k) | s ⊕ x_<i^(k))``.
+
+    Args:
+        token_probs: ``FloatTensor[..., g]``, the verifier probability of each draft token.
+    Returns:
+        ``FloatTensor[...]``. Products are taken as exponentiated cumulative log-sums (stable for
+        long windows); at temperature 0 this is the count of leading argmax matches.
+    """
+    return torch.exp(torch.cumsum(torch.log(token_probs), dim=-1)).sum(-1)
+
+
+def accept_greedy(draft: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
+    """The paper's q-free greedy acceptance (Alg. 1).
+
+    Accept ``x_j`` with probability ``p_j(x_j)``; on the first rejection emit a token from ``p_j`` with
+    ``x_j`` removed and renormalised. Lossless for *any* way the draft was chosen, so it is the rule
+    that may follow self-selection: ``P(x) = p(x)`` and ``P(y != x) = (1 - p(x)) p(y) / (1 - p(x))``.
+
+    Args:
+        draft: ``LongTensor[g]``; p: ``FloatTensor[g + 1, V]``.
+    """
+    gamma = draft.shape[0]
+    px = p[torch.arange(gamma, device=p.device), draft]
+    u = torch.rand(gamma, generator=generator, dtype=p.dtype, device=p.device)
+    a = _first_rejection(u < px)
+    if a == gamma:
+        return Verdict(gamma, int(sample_tokens(p[gamma : gamma + 1], generator)))
+    residual = p[a].clone()
+    residual[draft[a]] = 0
+    residual = _normalise(residual, p[a])
+    return Verdict(a, int(sample_tokens(residual[None], generator)))
+
+
+def accept_standard(
+    draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+) -> Verdict:
+    """Speculative sampling (Leviathan et al.): accept with ``min(1, p/q)``, else sample
+    ``norm(max(p - q, 0))``. Exact only when ``draft`` was sampled from ``q`` itself (one draft, no
+    selection).
+
+    Args:
+        draft: ``LongTensor[g]``; q: ``FloatTensor[g, V]``; p: ``FloatTensor[g + 1, V]``.
+    """
+    gamma = draft.shape[0]
+    idx = torch.arange(gamma, device=p.device)
+    px, qx = p[idx, draft], q[idx, draft].to(p.dtype)
+    u = torch.rand(gamma, generator=generator, dtype=p.dtype, device=p.device)
+    # u * q < p  <=>  u < min(1, p/q), without dividing by a zero q.
+    a = _first_rejection(u * qx < px)
+    if a == gamma:
+        return Verdict(gamma, int(sample_tokens(p[gamma : gamma + 1], generator)))
+    residual = _normalise(torch.clamp(p[a] - q[a].to(p.dtype), min=0), p[a])
+    return Verdict(a, int(sample_tokens(residual[None], generator)))
+
+
+def accept_recursive(
+    drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+) -> Verdict:
+    """Multi-draft recursive rejection sampling (SpecInfer/SpecTr style), no selection.
+
+    At depth j, try one by one the drafts still matching the accepted prefix: accept candidate token
+    x with ``min(1, r(x)/q_j(x))``, else ``r <- norm(max(r - q_j, 0))``; when all fail emit from r.
+    Exact because the j-th tokens of the matching drafts are i.i.d. from ``q_j`` given the prefix
+    (duplicates are kept on purpose).
+
+    Args:
+        drafts: ``LongTensor[K, g]``; q: ``FloatTensor[K, g, V]``; p: ``FloatTensor[K, g + 1, V]``
+            (rows of drafts sharing a prefix agree on it).
+    """
+    num_drafts, gamma = drafts.shape
+    rows = drafts.tolist()
+    candidates = list(range(num_drafts))
+    for j in range(gamma):
+        r = p[candidates[0], j]
+        for k in candidates:
+            x = rows[k][j]
+            qx = q[k, j, x].to(r.dtype)
+            u = torch.rand((), generator=generator, dtype=r.dtype, device=r.device)
+            if u * qx < r[x]:
+                candidates = [c for c in candidates if rows[c][j] == x]
+                break
+            r = _normalise(torch.clamp(r - q[k, j].to(r.dtype), min=0), r)
+        else:
+            return Verdict(j, int(sample_tokens(r[None], generator)), candidates[0])
+    k = candidates[0]
+    return Verdict(gamma, int(sample_tokens(p[k, gamma : gamma + 1], generator)), k)
+
+
+class AcceptanceRule(ABC):
+    """How a round turns K scored drafts into accepted tokens: the engine's extension point.
+
+    Subclass it, implement :meth:`verify`, and pass an instance as ``speculative_generate(...,
+    acceptance=rule)``. Declare what exactness needs: ``max_drafts`` (None = any K) and whether the
+    rule reads ``q`` as the exact distribution the drafts were sampled from (``needs_exact_q``).
+    """
+
+    name: str = "custom"
+    max_drafts: int | None = None
+    needs_exact_q: bool = False
+
+    @abstractmethod
+    def verify(
+        self,
+        drafts: torch.Tensor,
+        q: torch.Tensor,
+        p: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> Verdict:
+        """Args: drafts ``LongTensor[K, g]``, q ``FloatTensor[K, g, V]``, p ``FloatTensor[K, g + 1, V]``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _token_probs(p: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """``FloatTensor[K, g]``: p of each draft token in its own context."""
+    return p[:, :-1].gather(-1, drafts[..., None]).squeeze(-1)
+
+
+class GreedyAcceptance(AcceptanceRule):
+    """Self-selection (pick ``argmax_k tau_k``, Eq. 8) followed by q-free greedy acceptance."""
+
+    name = "greedy"
+
+    def select(self, drafts: torch.Tensor, p: torch.Tensor) -> int:
+        """The draft with the largest expected accepted length (first on ties)."""
+        if drafts.shape[0] == 1:
+            return 0
+        return int(expected_accepted_length(_token_probs(p, drafts)).argmax())
+
+    def verify(self, drafts, q, p, generator=None) -> Verdict:
+        k = self.select(drafts, p)
+        verdict = accept_greedy(drafts[k], p[k], generator)
+        return Verdict(verdict.num_accepted, verdict.next_token, k)
+
+
+class StandardAcceptance(AcceptanceRule):
+    """Single-draft speculative sampling, ``min(1, p/q)``."""
+
+    name = "standard"
+    max_drafts = 1
+    needs_exact_q = True
+
+    def verify(self, drafts, q, p, generator=None) -> Verdict:
+        return accept_standard(drafts[0], q[0], p[0], generator)
+
+
+class RecursiveAcceptance(AcceptanceRule):
+    """Multi-draft recursive rejection over all K drafts (no selection)."""
+
+    name = "recursive"
+    needs_exact_q = True
+
+    def verify(self, drafts, q, p, generator=None) -> Verdict:
+        return accept_recursive(drafts, q, p, generator)
+
+
+ACCEPTANCE_RULES: dict[str, type[AcceptanceRule]] = {
+    "greedy": GreedyAcceptance,
+    "standard": StandardAcceptance,
+    "recursive": RecursiveAcceptance,
+}
+
+
+def get_acceptance_rule(acceptance: str | AcceptanceRule) -> AcceptanceRule:
+    """Resolve a rule name (``"greedy"``, ``"standard"``, ``"recursive"``) or pass an instance through."""
+    if isinstance(acceptance, AcceptanceRule):
+        return acceptance
+    if acceptance not in ACCEPTANCE_RULES:
+        raise ValueError(
+            f"unknown acceptance mode {acceptance!r}; choose one of {sorted(ACCEPTANCE_RULES)} "
+            f"or pass an AcceptanceRule instance"
+        )
+    return ACCEPTANCE_RULES[acceptance]()

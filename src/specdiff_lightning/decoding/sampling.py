@@ -1,0 +1,61 @@
+"""The verifier's sampling distribution ``p`` and token sampling.
+
+``p`` is the verifier's next-token distribution *after* its sampling transforms (temperature,
+top-k, top-p): that is the distribution speculative decoding must preserve (METHOD.md §1).
+The transforms are Hugging Face's own logits warpers, applied in the order ``generate()`` applies
+them, so ``speculative_generate(..., temperature=T, top_k=k, top_p=q)`` targets exactly what
+``model.generate(do_sample=True, temperature=T, top_k=k, top_p=q)`` samples from.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+__all__ = ["logits_to_probs", "sample_tokens", "compute_dtype"]
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Probabilities are computed in float32 at least (float64 models stay float64)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def logits_to_probs(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """Turn raw logits into the sampling distribution.
+
+    Args:
+        logits: ``FloatTensor[..., V]``.
+        temperature: 0 means greedy decoding: a one-hot distribution at ``argmax`` (first index on
+            ties, as ``torch.argmax`` and ``generate(do_sample=False)``).
+        top_k, top_p: optional truncation, as in ``generate()``.
+
+    Returns:
+        ``FloatTensor[..., V]`` (float32, or float64 for float64 logits), rows summing to 1.
+    """
+    shape = logits.shape
+    scores = logits.reshape(-1, shape[-1]).to(compute_dtype(logits.dtype))
+    if temperature == 0:
+        probs = torch.zeros_like(scores)
+        probs.scatter_(-1, scores.argmax(-1, keepdim=True), 1.0)
+        return probs.reshape(shape)
+    warpers = LogitsProcessorList()
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(float(temperature)))
+    if top_k is not None and top_k > 0:
+        warpers.append(TopKLogitsWarper(top_k=int(top_k)))
+    if top_p is not None and top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=float(top_p)))
+    if len(warpers):
+        # The warpers read no token ids; an empty tensor keeps their signature honest.
+        scores = warpers(torch.empty(scores.shape[0], 0, dtype=torch.long, device=scores.device), scores)
+    return torch.softmax(scores, dim=-1).reshape(shape)
+
+
+def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row: ``probs[N, V] -> LongTensor[N]``."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -1,0 +1,94 @@
+"""Per-generation bookkeeping: what was drafted, accepted and emitted each round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["RoundStats", "DecodingStats", "GenerationOutput"]
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """One verifier call. ``drafted`` is the window actually verified (``<= gamma`` near the end),
+    ``accepted`` the draft tokens kept, ``bonus`` whether all were kept and a bonus token followed."""
+
+    drafted: int
+    accepted: int
+    bonus: bool
+    tree_size: int
+    draft_index: int
+
+
+@dataclass
+class DecodingStats:
+    """Statistics of one :func:`speculative_generate` call.
+
+    ``verifier_calls`` counts the per-round forwards (not the prompt prefill, see
+    ``prefill_calls``); ``mean_accepted`` excludes the token each round emits itself, while
+    ``mean_tokens_per_call`` includes it (correction or bonus).
+    """
+
+    gamma: int
+    rounds: list[RoundStats] = field(default_factory=list)
+    prefill_calls: int = 0
+    drafter_calls: int = 0
+    new_tokens: int = 0
+
+    @property
+    def verifier_calls(self) -> int:
+        return len(self.rounds)
+
+    @property
+    def accepted_tokens(self) -> int:
+        return sum(r.accepted for r in self.rounds)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted draft tokens per verifier call (bonus excluded)."""
+        return self.accepted_tokens / max(1, self.verifier_calls)
+
+    @property
+    def mean_tokens_per_call(self) -> float:
+        """Emitted tokens per verifier call (accepted + the correction/bonus token)."""
+        return self.new_tokens / max(1, self.verifier_calls)
+
+    @property
+    def position_reached(self) -> torch.Tensor:
+        """``LongTensor[gamma]``: rounds in which draft position j was verified with 1..j-1 accepted."""
+        counts = torch.zeros(self.gamma, dtype=torch.long)
+        for r in self.rounds:
+            counts[: min(r.drafted, r.accepted + 1)] += 1
+        return counts
+
+    @property
+    def position_accepted(self) -> torch.Tensor:
+        """``LongTensor[gamma]``: rounds in which draft position j was accepted."""
+        counts = torch.zeros(self.gamma, dtype=torch.long)
+        for r in self.rounds:
+            counts[: r.accepted] += 1
+        return counts
+
+    @property
+    def positional_acceptance(self) -> torch.Tensor:
+        """``FloatTensor[gamma]``: ``gamma_j = P(j accepted | 1..j-1 accepted)`` (Fig. 2); NaN if never reached."""
+        reached = self.position_reached.double()
+        return self.position_accepted.double() / reached.where(reached > 0, torch.nan)
+
+    def summary(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens,
+            "verifier_calls": self.verifier_calls,
+            "drafter_calls": self.drafter_calls,
+            "mean_accepted": self.mean_accepted,
+            "mean_tokens_per_call": self.mean_tokens_per_call,
+        }
+
+
+@dataclass
+class GenerationOutput:
+    """``sequences``: ``LongTensor[1, L + new]`` (prompt + new tokens); ``stats``: :class:`DecodingStats`."""
+
+    sequences: torch.Tensor
+    stats: DecodingStats

@@ -1,0 +1,76 @@
+"""Input checks that turn bad input into a clear error before any model runs."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["check_prompt", "check_sampling", "check_vocab", "check_tokenizers", "check_context"]
+
+
+def check_prompt(input_ids: torch.Tensor, vocab_size: int) -> None:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.long, torch.int32, torch.int64):
+        raise TypeError("input_ids must be an integer torch.Tensor of shape [1, L], e.g. tokenizer(..., return_tensors='pt').input_ids")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape [batch, length], got {tuple(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise NotImplementedError(
+            f"batch size {input_ids.shape[0]}: speculative decoding runs one sequence at a time for now; "
+            f"loop over the rows"
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(
+            f"prompt token ids must lie in [0, {vocab_size}) (the verifier's vocabulary); got ids in [{lo}, {hi}]. "
+            f"Was the prompt encoded with another model's tokenizer?"
+        )
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy decoding), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}")
+
+
+def check_vocab(verifier: nn.Module, drafter_vocab_size: int) -> int:
+    """Drafter and verifier must score the same token ids; returns the shared vocab size."""
+    verifier_vocab = int(verifier.config.vocab_size)
+    if verifier_vocab != drafter_vocab_size:
+        raise ValueError(
+            f"vocabulary mismatch: the verifier has {verifier_vocab} token ids, the drafter {drafter_vocab_size}. "
+            f"Speculative decoding needs drafter and verifier on the same tokenizer (e.g. DiffuCoder with "
+            f"Qwen2.5, DiffuLLaMA with Llama-2); resize the drafter's embeddings to the verifier's size if only "
+            f"padding rows differ."
+        )
+    return verifier_vocab
+
+
+def check_context(verifier: nn.Module, prompt_length: int, max_new_tokens: int) -> None:
+    limit = getattr(verifier.config, "max_position_embeddings", None)
+    if limit is not None and prompt_length + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt ({prompt_length} tokens) + max_new_tokens ({max_new_tokens}) = {prompt_length + max_new_tokens} "
+            f"exceeds the verifier's context of {limit} positions; shorten the prompt or lower max_new_tokens"
+        )
+
+
+def check_tokenizers(verifier_tokenizer, drafter_tokenizer) -> None:
+    """Raise unless both tokenizers map every token to the same id."""
+    if verifier_tokenizer is None or drafter_tokenizer is None:
+        return
+    v_vocab, d_vocab = verifier_tokenizer.get_vocab(), drafter_tokenizer.get_vocab()
+    if v_vocab == d_vocab:
+        return
+    only_v = sorted(set(v_vocab) - set(d_vocab))[:5]
+    only_d = sorted(set(d_vocab) - set(v_vocab))[:5]
+    moved = [t for t in v_vocab if t in d_vocab and v_vocab[t] != d_vocab[t]][:5]
+    raise ValueError(
+        "tokenizer mismatch between verifier and drafter "
+        f"({len(v_vocab)} vs {len(d_vocab)} tokens; only in verifier: {only_v}; only in drafter: {only_d}; "
+        f"different ids: {moved}). Use a drafter trained on the verifier's tokenizer."
+    )

@@ -1,0 +1,78 @@
+"""The verifier's KV cache across rounds: tree scoring and compaction to the accepted path."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from ..models.attention import to_model_mask
+from .tree import DraftTree, tree_attention_allowed
+
+__all__ = ["TreeVerifier"]
+
+
+class TreeVerifier:
+    """One sequence's verifier state.
+
+    Invariant between rounds: the cache holds every committed token but the last one, the *pending*
+    token, which becomes the root of the next draft tree. So one forward per round both processes
+    the newly committed token and scores all drafts, and plain decoding is the root-only tree.
+
+    Args:
+        model: a stock HF causal LM (SDPA or eager attention).
+        input_ids: ``LongTensor[1, L]`` the prompt, ``L >= 1``.
+    """
+
+    def __init__(self, model: nn.Module, input_ids: torch.Tensor) -> None:
+        self.model = model
+        self.dtype = next(model.parameters()).dtype
+        self.cache = DynamicCache(config=model.config)
+        for layer in self.cache.layers:
+            if isinstance(layer, DynamicSlidingWindowLayer) or not isinstance(layer, DynamicLayer):
+                raise ValueError(
+                    f"the verifier's cache uses {type(layer).__name__} layers; tree verification compacts "
+                    f"full-attention DynamicCache layers only (disable sliding-window attention, e.g. "
+                    f"config.use_sliding_window=False)"
+                )
+        self.forward_calls = 0
+        self.pending = int(input_ids[0, -1])
+        if input_ids.shape[1] > 1:
+            self.model(input_ids=input_ids[:, :-1], cache=self.cache, use_cache=True, logits_to_keep=1)
+            self.forward_calls += 1
+
+    @property
+    def past_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def score(self, tree: DraftTree) -> torch.Tensor:
+        """Run the tree through the verifier; ``FloatTensor[n, V]`` logits, row i = next-token
+        logits after the path to node i. The tree's keys/values are appended to the cache."""
+        past = self.past_length
+        allowed = tree_attention_allowed(tree, past)
+        out = self.model(
+            input_ids=tree.tokens[None],
+            attention_mask=to_model_mask(allowed, self.model, self.dtype),
+            position_ids=(past + tree.depth)[None],
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.forward_calls += 1
+        return out.logits[0]
+
+    def commit(self, tree: DraftTree, kept_nodes: torch.Tensor, next_token: int) -> None:
+        """Keep only ``kept_nodes`` (root first, then the accepted path, increasing) of the tree just
+        scored, and make ``next_token`` the new pending token."""
+        start = self.past_length - tree.size
+        kept = kept_nodes.shape[0]
+        contiguous = int(kept_nodes[-1]) == kept - 1
+        for layer in self.cache.layers:
+            if not contiguous:
+                # Gather the accepted path right after the prefix; the RHS is a copy, so overlap is safe.
+                index = start + kept_nodes
+                layer.keys[..., start : start + kept, :] = layer.keys[..., index, :]
+                layer.values[..., start : start + kept, :] = layer.values[..., index, :]
+            layer.keys = layer.keys[..., : start + kept, :]
+            layer.values = layer.values[..., : start + kept, :]
+        self.pending = int(next_token)

@@ -1,0 +1,79 @@
+"""Small models of the real architectures, built from configs (tests, demos, notebooks).
+
+They are the same classes as the production checkpoints (``Qwen2ForCausalLM``, ``LlamaForCausalLM``),
+only smaller, so every code path that runs on Qwen2.5-72B runs on them too.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+
+__all__ = ["tiny_qwen2", "tiny_llama", "tiny_model"]
+
+
+def _common(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, max_positions: int, **kw):
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=kw.pop("tie_word_embeddings", False),
+        **kw,
+    )
+
+
+def _build(cls, config, seed: int, dtype: torch.dtype, attn_implementation: str) -> PreTrainedModel:
+    config._attn_implementation = attn_implementation
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(config)
+        if config.initializer_range < 0.5:
+            # Random tiny models at the default init are nearly uniform; widen the logits so greedy
+            # decoding and acceptance have real structure to get right.
+            with torch.no_grad():
+                model.lm_head.weight.mul_(8.0)
+    return model.to(dtype).eval()
+
+
+def tiny_qwen2(
+    vocab_size: int = 64,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    max_positions: int = 512,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    **config_kwargs,
+) -> Qwen2ForCausalLM:
+    """A randomly initialised ``Qwen2ForCausalLM`` of the given size."""
+    config = Qwen2Config(**_common(vocab_size, hidden_size, num_layers, num_heads, max_positions, **config_kwargs))
+    return _build(Qwen2ForCausalLM, config, seed, dtype, attn_implementation)
+
+
+def tiny_llama(
+    vocab_size: int = 64,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    max_positions: int = 512,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    **config_kwargs,
+) -> LlamaForCausalLM:
+    """A randomly initialised ``LlamaForCausalLM`` of the given size."""
+    config = LlamaConfig(**_common(vocab_size, hidden_size, num_layers, num_heads, max_positions, **config_kwargs))
+    return _build(LlamaForCausalLM, config, seed, dtype, attn_implementation)
+
+
+def tiny_model(arch: str, **kwargs) -> PreTrainedModel:
+    """``tiny_model("qwen2" | "llama", **kwargs)``."""
+    builders = {"qwen2": tiny_qwen2, "llama": tiny_llama}
+    if arch not in builders:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {sorted(builders)}")
+    return builders[arch](**kwargs)
