@@ -1,0 +1,111 @@
+"""Sampling exactness: the output distribution equals the verifier's, for every acceptance mode.
+
+Each test samples the first three generated tokens many times with a fixed seed and compares the
+counts with the verifier's exact sequence probabilities (Pearson chi-square). The same counts must
+*reject* a reference shifted by 2% total variation, so each test shows it could catch such a bias.
+"""
+
+import pytest
+import torch
+
+from specdiff_lightning import DiffusionDrafter, speculative_generate, verifier_generate
+from specdiff_lightning.decoding import AcceptanceRule, GreedyAcceptance, Verdict, accept_standard
+from specdiff_lightning.models import tiny_model
+from specdiff_lightning.testing import chi_square_test, exact_sequence_probs, perturb, sample_counts
+
+pytestmark = pytest.mark.slow
+
+VOCAB = 5
+LENGTH = 3
+SAMPLES = 6000
+ALPHA = 1e-3
+PROMPT = torch.tensor([[1, 2, 0]])
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    return tiny_model("qwen2", vocab_size=VOCAB, seed=0, dtype=torch.float64, hidden_size=16, num_layers=1)
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    model = tiny_model("llama", vocab_size=VOCAB, seed=100, dtype=torch.float64, hidden_size=16, num_layers=1)
+    return DiffusionDrafter(model, mask_token_id=VOCAB - 1, shift_logits=True)
+
+
+def _speculative_counts(verifier, drafter, num_samples=SAMPLES, seed=0, **kwargs):
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw():
+        out = speculative_generate(
+            verifier, drafter, PROMPT, max_new_tokens=LENGTH, gamma=LENGTH, generator=generator, **kwargs
+        )
+        return tuple(out.sequences[0, PROMPT.shape[1] :].tolist())
+
+    return sample_counts(draw, num_samples)
+
+
+def _assert_exact(counts, probs):
+    fit = chi_square_test(counts, probs)
+    assert fit.pvalue > ALPHA, f"output distribution differs from the verifier's: {fit}"
+    biased = chi_square_test(counts, perturb(probs, 0.02))
+    assert biased.pvalue < ALPHA, f"too few samples to detect a 2% bias: {biased}"
+
+
+@pytest.mark.parametrize(
+    "acceptance,num_drafts,draft_temperature",
+    [("greedy", 4, 1.5), ("greedy", 1, 0.7), ("recursive", 4, 0.7), ("standard", 1, 1.3)],
+)
+def test_speculative_sampling_is_exact(verifier, drafter, acceptance, num_drafts, draft_temperature):
+    probs = exact_sequence_probs(verifier, PROMPT, LENGTH)
+    counts = _speculative_counts(
+        verifier, drafter, acceptance=acceptance, num_drafts=num_drafts, draft_temperature=draft_temperature
+    )
+    _assert_exact(counts, probs)
+
+
+def test_exact_under_temperature_and_top_p(verifier, drafter):
+    """p is the verifier's distribution after its warpers, and that is what stays exact."""
+    warp = dict(temperature=0.8, top_p=0.9)
+    probs = exact_sequence_probs(verifier, PROMPT, LENGTH, **warp)
+    counts = _speculative_counts(verifier, drafter, acceptance="greedy", num_drafts=4, draft_temperature=2.0, **warp)
+    _assert_exact(counts, probs)
+
+
+def test_verifier_only_sampling_is_exact(verifier):
+    probs = exact_sequence_probs(verifier, PROMPT, LENGTH, top_k=3)
+    generator = torch.Generator().manual_seed(1)
+
+    def draw():
+        out = verifier_generate(verifier, PROMPT, max_new_tokens=LENGTH, top_k=3, generator=generator)
+        return tuple(out.sequences[0, PROMPT.shape[1] :].tolist())
+
+    _assert_exact(sample_counts(draw, SAMPLES), probs)
+
+
+class SelectThenStandard(AcceptanceRule):
+    """The combination the engine refuses: self-selection followed by min(1, p/q) acceptance."""
+
+    name = "select-then-standard"
+    needs_exact_q = True
+
+    def verify(self, drafts, q, p, generator=None):
+        k = GreedyAcceptance().select(drafts, p)
+        verdict = accept_standard(drafts[k], q[k], p[k], generator)
+        return Verdict(verdict.num_accepted, verdict.next_token, k)
+
+
+def test_detects_standard_acceptance_after_selection(verifier, drafter):
+    """The test has teeth: the biased combination fails it."""
+    probs = exact_sequence_probs(verifier, PROMPT, LENGTH)
+    counts = _speculative_counts(
+        verifier, drafter, num_samples=SAMPLES // 2, acceptance=SelectThenStandard(), num_drafts=8,
+        draft_temperature=2.0,
+    )
+    fit = chi_square_test(counts, probs)
+    assert fit.pvalue < 1e-6, fit
+
+
+def test_engine_refuses_standard_with_several_drafts(verifier, drafter):
+    with pytest.raises(ValueError, match="single draft"):
+        speculative_generate(verifier, drafter, PROMPT, max_new_tokens=3, gamma=3, num_drafts=4, acceptance="standard")
