@@ -48,6 +48,10 @@ class NoisyOracleDrafter(Drafter):
         ref = torch.nn.functional.pad(ref, (0, gamma - ref.shape[1]))
         drafts = ref.repeat(num_drafts, 1)
         flip = torch.rand(drafts.shape, generator=self.rng) < self.noise
-        drafts = torch.where(flip, torch.randint(0, self.vocab_size, drafts.shape, generator=self.rng), drafts)
-        probs = torch.full((1, num_drafts, gamma, self.vocab_size), 1.0 / self.vocab_size, dtype=torch.float64)
+        drafts = torch.where(
+            flip, torch.randint(0, self.vocab_size, drafts.shape, generator=self.rng), drafts
+        )
+        probs = torch.full(
+            (1, num_drafts, gamma, self.vocab_size), 1.0 / self.vocab_size, dtype=torch.float64
+        )
         return Proposal(drafts[None], probs, exact_q=False)

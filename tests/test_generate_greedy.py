@@ -3,12 +3,19 @@
 import pytest
 import torch
 
+from helpers import NoisyOracleDrafter, make_pair, reference_greedy
 from specdiff_lightning import AutoregressiveDrafter, speculative_generate, verifier_generate
 from specdiff_lightning.models import tiny_model
 
-from helpers import NoisyOracleDrafter, make_pair, reference_greedy
-
-MODES = [("greedy", 1), ("greedy", 4), ("greedy", 8), ("standard", 1), ("recursive", 1), ("recursive", 4), ("recursive", 8)]
+MODES = [
+    ("greedy", 1),
+    ("greedy", 4),
+    ("greedy", 8),
+    ("standard", 1),
+    ("recursive", 1),
+    ("recursive", 4),
+    ("recursive", 8),
+]
 PAIRS = [("qwen2", "llama"), ("llama", "qwen2")]
 
 
@@ -25,8 +32,15 @@ def test_diffusion_drafter_greedy_exact(pair, seed, gamma):
     ref = reference_greedy(verifier, prompt, 24)
     for acceptance, num_drafts in MODES:
         out = speculative_generate(
-            verifier, drafter, prompt, max_new_tokens=24, gamma=gamma, num_drafts=num_drafts,
-            acceptance=acceptance, temperature=0, draft_temperature=1.5,
+            verifier,
+            drafter,
+            prompt,
+            max_new_tokens=24,
+            gamma=gamma,
+            num_drafts=num_drafts,
+            acceptance=acceptance,
+            temperature=0,
+            draft_temperature=1.5,
             generator=torch.Generator().manual_seed(seed),
         )
         assert out.sequences.tolist() == ref.tolist(), (acceptance, num_drafts)
@@ -43,8 +57,14 @@ def test_deep_acceptance_and_branching_trees_greedy_exact(seed, gamma, num_draft
     prompt = _prompt(seed, 48)
     ref = reference_greedy(verifier, prompt, 40)
     out = speculative_generate(
-        verifier, drafter, prompt, max_new_tokens=40, gamma=gamma, num_drafts=num_drafts,
-        acceptance="greedy", temperature=0,
+        verifier,
+        drafter,
+        prompt,
+        max_new_tokens=40,
+        gamma=gamma,
+        num_drafts=num_drafts,
+        acceptance="greedy",
+        temperature=0,
     )
     assert out.sequences.tolist() == ref.tolist()
     assert out.stats.mean_accepted > 0.5 * min(gamma, 4)  # the paths really were long
@@ -63,13 +83,26 @@ def test_eos_handling_matches_generate(pair, acceptance, num_drafts):
     assert ref.shape[1] < prompt.shape[1] + 30 and ref[0, -1] == eos
     for gamma in (1, 4, 16):
         out = speculative_generate(
-            verifier, drafter, prompt, max_new_tokens=30, gamma=gamma, num_drafts=num_drafts,
-            acceptance=acceptance, temperature=0, eos_token_id=[eos],
+            verifier,
+            drafter,
+            prompt,
+            max_new_tokens=30,
+            gamma=gamma,
+            num_drafts=num_drafts,
+            acceptance=acceptance,
+            temperature=0,
+            eos_token_id=[eos],
         )
         assert out.sequences.tolist() == ref.tolist()
     oracle = speculative_generate(
-        verifier, NoisyOracleDrafter(verifier, noise=0.0), prompt, max_new_tokens=30, gamma=16,
-        acceptance="greedy", temperature=0, eos_token_id=eos,
+        verifier,
+        NoisyOracleDrafter(verifier, noise=0.0),
+        prompt,
+        max_new_tokens=30,
+        gamma=16,
+        acceptance="greedy",
+        temperature=0,
+        eos_token_id=eos,
     )
     assert oracle.sequences.tolist() == ref.tolist()  # EOS inside an accepted window truncates it
 
@@ -80,7 +113,11 @@ def test_never_exceeds_max_new_tokens(max_new_tokens):
     prompt = _prompt(7, 48)
     ref = reference_greedy(verifier, prompt, max_new_tokens)
     out = speculative_generate(
-        verifier, NoisyOracleDrafter(verifier, noise=0.0), prompt, max_new_tokens=max_new_tokens, gamma=8,
+        verifier,
+        NoisyOracleDrafter(verifier, noise=0.0),
+        prompt,
+        max_new_tokens=max_new_tokens,
+        gamma=8,
         temperature=0,
     )
     assert out.sequences.tolist() == ref.tolist()
@@ -94,14 +131,22 @@ def test_autoregressive_drafter_sps_greedy_exact():
     # The verifier as its own drafter accepts everything: every round is gamma + bonus.
     self_drafter = AutoregressiveDrafter(tiny_model("qwen2", vocab_size=48, seed=8, dtype=torch.float64))
     out = speculative_generate(
-        verifier, self_drafter, prompt, max_new_tokens=30, gamma=4, acceptance="standard", temperature=0,
+        verifier,
+        self_drafter,
+        prompt,
+        max_new_tokens=30,
+        gamma=4,
+        acceptance="standard",
+        temperature=0,
         draft_temperature=0,
     )
     assert out.sequences.tolist() == ref.tolist()
     assert all(r.accepted == r.drafted for r in out.stats.rounds)
     other = AutoregressiveDrafter(tiny_model("llama", vocab_size=48, seed=9, dtype=torch.float64))
     for acceptance in ("standard", "greedy", "recursive"):
-        out = speculative_generate(verifier, other, prompt, max_new_tokens=30, gamma=5, acceptance=acceptance, temperature=0)
+        out = speculative_generate(
+            verifier, other, prompt, max_new_tokens=30, gamma=5, acceptance=acceptance, temperature=0
+        )
         assert out.sequences.tolist() == ref.tolist()
 
 
@@ -120,7 +165,11 @@ def test_multistep_drafter_greedy_exact():
     drafter.steps = 3
     prompt = _prompt(12, 48)
     ref = reference_greedy(verifier, prompt, 20)
-    out = speculative_generate(verifier, drafter, prompt, max_new_tokens=20, gamma=6, num_drafts=4, temperature=0)
+    out = speculative_generate(
+        verifier, drafter, prompt, max_new_tokens=20, gamma=6, num_drafts=4, temperature=0
+    )
     assert out.sequences.tolist() == ref.tolist()
     with pytest.raises(ValueError, match="greedy"):
-        speculative_generate(verifier, drafter, prompt, max_new_tokens=5, gamma=6, acceptance="standard", temperature=0)
+        speculative_generate(
+            verifier, drafter, prompt, max_new_tokens=5, gamma=6, acceptance="standard", temperature=0
+        )

@@ -68,7 +68,9 @@ def test_exact_under_temperature_and_top_p(verifier, drafter):
     """p is the verifier's distribution after its warpers, and that is what stays exact."""
     warp = dict(temperature=0.8, top_p=0.9)
     probs = exact_sequence_probs(verifier, PROMPT, LENGTH, **warp)
-    counts = _speculative_counts(verifier, drafter, acceptance="greedy", num_drafts=4, draft_temperature=2.0, **warp)
+    counts = _speculative_counts(
+        verifier, drafter, acceptance="greedy", num_drafts=4, draft_temperature=2.0, **warp
+    )
     _assert_exact(counts, probs)
 
 
@@ -99,7 +101,11 @@ def test_detects_standard_acceptance_after_selection(verifier, drafter):
     """The test has teeth: the biased combination fails it."""
     probs = exact_sequence_probs(verifier, PROMPT, LENGTH)
     counts = _speculative_counts(
-        verifier, drafter, num_samples=SAMPLES // 2, acceptance=SelectThenStandard(), num_drafts=8,
+        verifier,
+        drafter,
+        num_samples=SAMPLES // 2,
+        acceptance=SelectThenStandard(),
+        num_drafts=8,
         draft_temperature=2.0,
     )
     fit = chi_square_test(counts, probs)
@@ -108,4 +114,6 @@ def test_detects_standard_acceptance_after_selection(verifier, drafter):
 
 def test_engine_refuses_standard_with_several_drafts(verifier, drafter):
     with pytest.raises(ValueError, match="single draft"):
-        speculative_generate(verifier, drafter, PROMPT, max_new_tokens=3, gamma=3, num_drafts=4, acceptance="standard")
+        speculative_generate(
+            verifier, drafter, PROMPT, max_new_tokens=3, gamma=3, num_drafts=4, acceptance="standard"
+        )

@@ -36,7 +36,8 @@ def exact_sequence_probs(
     for _ in range(length):
         keys = list(prefixes)
         batch = torch.cat(
-            [input_ids.repeat(len(keys), 1), torch.tensor(keys, dtype=torch.long).reshape(len(keys), -1)], dim=1
+            [input_ids.repeat(len(keys), 1), torch.tensor(keys, dtype=torch.long).reshape(len(keys), -1)],
+            dim=1,
         )
         logits = verifier(input_ids=batch, attention_mask=torch.ones_like(batch)).logits[:, -1]
         probs = logits_to_probs(logits, temperature, top_k, top_p).double().cpu()
@@ -101,4 +102,3 @@ def perturb(probs: dict, bias: float = 0.02) -> dict:
     out[top] -= moved
     out[second] += moved
     return out
-

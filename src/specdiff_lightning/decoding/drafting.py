@@ -70,4 +70,4 @@ class Drafter(ABC):
         """Draft ``num_drafts`` windows of ``gamma`` tokens after ``input_ids[B, L]``."""
 
     def reset(self) -> None:
-        """Forget per-sequence state (called at the start of every generation)."""
+        """Forget per-sequence state (called at the start of every generation)."""  # noqa: B027 - optional hook

@@ -106,7 +106,9 @@ def speculative_generate(
         window = min(gamma, max_new_tokens - len(new_tokens) - 1)
         if window > 0:
             prefix = torch.tensor([context], dtype=torch.long, device=device)
-            proposal = drafter.propose(prefix, gamma, num_drafts, draft_temperature, generator).truncate(window)
+            proposal = drafter.propose(prefix, gamma, num_drafts, draft_temperature, generator).truncate(
+                window
+            )
             stats.drafter_calls += 1
             if rule.needs_exact_q and not proposal.exact_q:
                 raise ValueError(

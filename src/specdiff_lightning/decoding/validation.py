@@ -9,8 +9,14 @@ __all__ = ["check_prompt", "check_sampling", "check_vocab", "check_tokenizers", 
 
 
 def check_prompt(input_ids: torch.Tensor, vocab_size: int) -> None:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.long, torch.int32, torch.int64):
-        raise TypeError("input_ids must be an integer torch.Tensor of shape [1, L], e.g. tokenizer(..., return_tensors='pt').input_ids")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (
+        torch.long,
+        torch.int32,
+        torch.int64,
+    ):
+        raise TypeError(
+            "input_ids must be an integer torch.Tensor of shape [1, L], e.g. tokenizer(..., return_tensors='pt').input_ids"
+        )
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must have shape [batch, length], got {tuple(input_ids.shape)}")
     if input_ids.shape[0] != 1:

@@ -7,7 +7,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from ..models.attention import to_model_mask
+from ..models.attention import check_custom_mask_support, to_model_mask
 from .tree import DraftTree, tree_attention_allowed
 
 __all__ = ["TreeVerifier"]
@@ -26,6 +26,7 @@ class TreeVerifier:
     """
 
     def __init__(self, model: nn.Module, input_ids: torch.Tensor) -> None:
+        check_custom_mask_support(model, "verifier")
         self.model = model
         self.dtype = next(model.parameters()).dtype
         self.cache = DynamicCache(config=model.config)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["attention_implementation", "to_model_mask"]
+__all__ = ["attention_implementation", "check_custom_mask_support", "to_model_mask"]
 
 _SUPPORTED = ("sdpa", "eager")
 
@@ -21,6 +21,17 @@ def attention_implementation(model: nn.Module) -> str:
     """The attention kernel name a HF model was configured with (``"sdpa"``, ``"eager"``, ...)."""
     config = getattr(model, "config", None)
     return getattr(config, "_attn_implementation", None) or "eager"
+
+
+def check_custom_mask_support(model: nn.Module, role: str) -> None:
+    """Raise a clear error when ``model``'s attention kernel cannot take a custom 4D mask."""
+    impl = attention_implementation(model)
+    if impl not in _SUPPORTED:
+        raise ValueError(
+            f"the {role}'s attention implementation {impl!r} does not accept a custom 4D mask, which tree "
+            f"verification and bidirectional drafting need. Load it with attn_implementation='sdpa' (or "
+            f"'eager'), e.g. AutoModelForCausalLM.from_pretrained(path, attn_implementation='sdpa')."
+        )
 
 
 def to_model_mask(allowed: torch.Tensor, model: nn.Module, dtype: torch.dtype) -> torch.Tensor:
@@ -36,14 +47,8 @@ def to_model_mask(allowed: torch.Tensor, model: nn.Module, dtype: torch.dtype) -
     """
     if allowed.dim() == 3:
         allowed = allowed[:, None]
-    impl = attention_implementation(model)
-    if impl == "sdpa":
+    if attention_implementation(model) == "sdpa":
         return allowed
-    if impl == "eager":
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    raise ValueError(
-        f"attention implementation {impl!r} does not accept a custom 4D mask, which tree verification "
-        f"and bidirectional drafting need. Load the model with attn_implementation='sdpa' (or 'eager'), "
-        f"e.g. AutoModelForCausalLM.from_pretrained(path, attn_implementation='sdpa'). Supported: {_SUPPORTED}."
-    )
+    check_custom_mask_support(model, "model")
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..decoding.drafting import Drafter, Proposal, sample_from_marginals
 from ..decoding.sampling import logits_to_probs
-from .attention import to_model_mask
+from .attention import check_custom_mask_support, to_model_mask
 
 __all__ = ["DiffusionDrafter", "DrafterFamily", "DRAFTER_FAMILIES", "SIDECAR_FILE"]
 
@@ -105,6 +105,8 @@ class DiffusionDrafter(Drafter):
         self.max_prefix_tokens = max_prefix_tokens
         self.max_positions = getattr(config, "max_position_embeddings", None)
         self._stock = _is_stock_transformers_model(model)
+        if self._stock:
+            check_custom_mask_support(model, "drafter")
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -147,7 +149,9 @@ class DiffusionDrafter(Drafter):
                 )
             family = _MODEL_TYPE_TO_FAMILY.get(model_type, "diffullama")
         if family not in DRAFTER_FAMILIES:
-            raise ValueError(f"unknown drafter family {family!r}; choose one of {sorted(DRAFTER_FAMILIES)} or 'auto'")
+            raise ValueError(
+                f"unknown drafter family {family!r}; choose one of {sorted(DRAFTER_FAMILIES)} or 'auto'"
+            )
         spec = DRAFTER_FAMILIES[family]
         remote = spec.trust_remote_code if trust_remote_code is None else trust_remote_code
         auto = AutoModel if spec.auto_class == "AutoModel" else AutoModelForCausalLM
@@ -188,7 +192,9 @@ class DiffusionDrafter(Drafter):
             budget = room if budget is None else min(budget, room)
         return budget
 
-    def denoise_logits(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def denoise_logits(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """One bidirectional forward: ``tokens[B, L] -> logits[B, L, V]`` (unshifted positions)."""
         if self._stock:
             batch, length = tokens.shape
@@ -226,7 +232,9 @@ class DiffusionDrafter(Drafter):
         masks = torch.full((batch, gamma), self.mask_token_id, dtype=input_ids.dtype, device=input_ids.device)
         tokens = torch.cat([input_ids, masks], dim=1)
         if attention_mask is not None:
-            attention_mask = torch.cat([attention_mask, torch.ones_like(masks, dtype=attention_mask.dtype)], dim=1)
+            attention_mask = torch.cat(
+                [attention_mask, torch.ones_like(masks, dtype=attention_mask.dtype)], dim=1
+            )
         return tokens, attention_mask, input_ids.shape[1]
 
     @torch.no_grad()
@@ -257,7 +265,9 @@ class DiffusionDrafter(Drafter):
         generator: torch.Generator | None = None,
     ) -> Proposal:
         if self.steps == 1:
-            return sample_from_marginals(self.draft_logits(input_ids, gamma), num_drafts, temperature, generator)
+            return sample_from_marginals(
+                self.draft_logits(input_ids, gamma), num_drafts, temperature, generator
+            )
         return self._propose_multistep(input_ids, gamma, num_drafts, temperature, generator)
 
     def _propose_multistep(self, input_ids, gamma, num_drafts, temperature, generator) -> Proposal:
@@ -265,7 +275,6 @@ class DiffusionDrafter(Drafter):
         batch = input_ids.shape[0]
         tokens, _, prefix_len = self._masked_input(input_ids, gamma, None)
         tokens = tokens.repeat_interleave(num_drafts, dim=0)  # [B*K, L + gamma]
-        rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
         probs = None
         masked = torch.ones(tokens.shape[0], gamma, dtype=torch.bool, device=tokens.device)
         per_step = math.ceil(gamma / self.steps)
@@ -274,7 +283,9 @@ class DiffusionDrafter(Drafter):
             q = logits_to_probs(logits, temperature)  # [B*K, gamma, V]
             if probs is None:
                 probs = torch.zeros_like(q)
-            sampled = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=generator).reshape(q.shape[:2])
+            sampled = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=generator).reshape(
+                q.shape[:2]
+            )
             confidence = q.gather(-1, sampled[..., None]).squeeze(-1).masked_fill(~masked, -1.0)
             count = gamma if step == self.steps - 1 else min(per_step, gamma)
             chosen = confidence.topk(count, dim=-1).indices

@@ -51,7 +51,9 @@ def tiny_qwen2(
     **config_kwargs,
 ) -> Qwen2ForCausalLM:
     """A randomly initialised ``Qwen2ForCausalLM`` of the given size."""
-    config = Qwen2Config(**_common(vocab_size, hidden_size, num_layers, num_heads, max_positions, **config_kwargs))
+    config = Qwen2Config(
+        **_common(vocab_size, hidden_size, num_layers, num_heads, max_positions, **config_kwargs)
+    )
     return _build(Qwen2ForCausalLM, config, seed, dtype, attn_implementation)
 
 
@@ -67,7 +69,9 @@ def tiny_llama(
     **config_kwargs,
 ) -> LlamaForCausalLM:
     """A randomly initialised ``LlamaForCausalLM`` of the given size."""
-    config = LlamaConfig(**_common(vocab_size, hidden_size, num_layers, num_heads, max_positions, **config_kwargs))
+    config = LlamaConfig(
+        **_common(vocab_size, hidden_size, num_layers, num_heads, max_positions, **config_kwargs)
+    )
     return _build(LlamaForCausalLM, config, seed, dtype, attn_implementation)
 
 

@@ -1,0 +1,127 @@
+"""The acceptance rules as pure functions, on hand-made distributions."""
+
+import itertools
+
+import pytest
+import torch
+
+from specdiff_lightning.decoding import (
+    GreedyAcceptance,
+    accept_greedy,
+    accept_recursive,
+    accept_standard,
+    expected_accepted_length,
+    get_acceptance_rule,
+    logits_to_probs,
+)
+from specdiff_lightning.testing import chi_square_test
+
+V = 4
+
+
+def _dist(*rows):
+    t = torch.tensor(rows, dtype=torch.float64)
+    return t / t.sum(-1, keepdim=True)
+
+
+def test_expected_accepted_length_matches_enumeration():
+    token_probs = torch.tensor([[0.9, 0.5, 0.2], [0.3, 1.0, 1.0]], dtype=torch.float64)
+    tau = expected_accepted_length(token_probs)
+    # E[accepted] = sum_j P(first j accepted) under greedy acceptance, enumerated over coin flips.
+    for k in range(2):
+        expected = 0.0
+        for coins in itertools.product([0, 1], repeat=3):
+            prob, accepted = 1.0, 0
+            for j, c in enumerate(coins):
+                prob *= float(token_probs[k, j]) if c else 1 - float(token_probs[k, j])
+            for c in coins:
+                if not c:
+                    break
+                accepted += 1
+            expected += prob * accepted
+        assert float(tau[k]) == pytest.approx(expected)
+
+
+def test_expected_accepted_length_is_stable_for_long_windows():
+    tau = expected_accepted_length(torch.full((1, 32), 1e-20, dtype=torch.float64))
+    assert torch.isfinite(tau).all() and float(tau) == pytest.approx(1e-20)
+    assert float(expected_accepted_length(torch.ones(1, 32))) == 32
+
+
+def test_temperature_zero_is_one_hot_argmax_first_on_ties():
+    probs = logits_to_probs(torch.tensor([[1.0, 3.0, 3.0, 0.0]]), temperature=0)
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+P = _dist([0.5, 0.2, 0.2, 0.1], [0.1, 0.6, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25])
+Q = _dist([0.1, 0.1, 0.4, 0.4], [0.4, 0.3, 0.2, 0.1])
+TARGET = {(t,): float(P[0, t]) for t in range(V)}
+
+
+@pytest.mark.parametrize("fixed_token", range(V))
+def test_greedy_acceptance_is_lossless_for_any_draft(fixed_token):
+    """Whatever (even adversarially chosen) draft token is verified, the first emitted token ~ p."""
+    draft = torch.tensor([fixed_token, 0])
+    gen = torch.Generator().manual_seed(fixed_token)
+    counts = {}
+    for _ in range(12000):
+        v = accept_greedy(draft, P, gen)
+        first = int(draft[0]) if v.num_accepted > 0 else v.next_token
+        counts[(first,)] = counts.get((first,), 0) + 1
+    assert chi_square_test(counts, TARGET).pvalue > 1e-3
+
+
+def test_standard_acceptance_is_lossless_when_sampled_from_q():
+    gen = torch.Generator().manual_seed(1)
+    counts = {}
+    for _ in range(12000):
+        draft = torch.multinomial(Q, 1, generator=gen).squeeze(-1)
+        v = accept_standard(draft, Q, P, gen)
+        first = int(draft[0]) if v.num_accepted > 0 else v.next_token
+        counts[(first,)] = counts.get((first,), 0) + 1
+    assert chi_square_test(counts, TARGET).pvalue > 1e-3
+
+
+def test_recursive_acceptance_is_lossless_over_iid_drafts():
+    gen = torch.Generator().manual_seed(2)
+    K = 3
+    q = Q[None].expand(K, -1, -1)
+    p = P[None].expand(K, -1, -1)  # position-1 rows only matter for the first token
+    counts = {}
+    for _ in range(12000):
+        drafts = torch.multinomial(Q, K, replacement=True, generator=gen).T  # [K, 2]
+        v = accept_recursive(drafts, q, p, gen)
+        first = int(drafts[v.draft_index, 0]) if v.num_accepted > 0 else v.next_token
+        counts[(first,)] = counts.get((first,), 0) + 1
+    assert chi_square_test(counts, TARGET).pvalue > 1e-3
+
+
+def test_standard_after_selection_is_biased():
+    """Why the engine refuses standard + selection: picking the draft the verifier likes most, then
+    accepting with min(1, p/q), over-emits the verifier's favourite token."""
+    gen = torch.Generator().manual_seed(3)
+    counts = {}
+    rule = GreedyAcceptance()
+    for _ in range(6000):
+        drafts = torch.multinomial(Q, 8, replacement=True, generator=gen).T
+        k = rule.select(drafts, P[None].expand(8, -1, -1))
+        v = accept_standard(drafts[k], Q, P, gen)
+        first = int(drafts[k, 0]) if v.num_accepted > 0 else v.next_token
+        counts[(first,)] = counts.get((first,), 0) + 1
+    assert chi_square_test(counts, TARGET).pvalue < 1e-6
+
+
+def test_greedy_selection_picks_largest_tau():
+    p = torch.zeros(3, 3, V, dtype=torch.float64)
+    p[..., 0] = torch.tensor([[0.2, 0.2, 1.0], [0.9, 0.9, 1.0], [0.9, 0.1, 1.0]], dtype=torch.float64)
+    p[..., 1] = 1 - p[..., 0]
+    drafts = torch.zeros(3, 2, dtype=torch.long)
+    assert GreedyAcceptance().select(drafts, p) == 1
+
+
+def test_rule_lookup():
+    assert get_acceptance_rule("recursive").name == "recursive"
+    rule = GreedyAcceptance()
+    assert get_acceptance_rule(rule) is rule
+    with pytest.raises(ValueError, match="unknown acceptance mode"):
+        get_acceptance_rule("eagle")

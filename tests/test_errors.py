@@ -1,0 +1,95 @@
+"""Bad input gets a clear error naming the problem and the fix, before any model runs."""
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from transformers import PreTrainedTokenizerFast
+
+from specdiff_lightning import DiffusionDrafter, speculative_generate, verifier_generate
+from specdiff_lightning.decoding import check_tokenizers
+from specdiff_lightning.models import tiny_model
+
+V = 32
+
+
+@pytest.fixture(scope="module")
+def pair():
+    verifier = tiny_model("qwen2", vocab_size=V, seed=0, max_positions=64)
+    drafter = DiffusionDrafter(tiny_model("llama", vocab_size=V, seed=1), V - 1, True)
+    return verifier, drafter
+
+
+PROMPT = torch.tensor([[1, 2, 3]])
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(gamma=0), ValueError, "gamma"),
+        (dict(gamma=2.5), ValueError, "gamma"),
+        (dict(num_drafts=0), ValueError, "num_drafts"),
+        (dict(acceptance="lenient"), ValueError, "unknown acceptance mode"),
+        (dict(acceptance="standard", num_drafts=4), ValueError, "single draft"),
+        (dict(max_new_tokens=62), ValueError, "exceeds the verifier's context of 64"),
+        (dict(max_new_tokens=0), ValueError, "max_new_tokens"),
+        (dict(temperature=-1.0), ValueError, "temperature"),
+        (dict(top_p=1.5), ValueError, "top_p"),
+        (dict(top_k=0), ValueError, "top_k"),
+        (dict(draft_temperature=-0.5), ValueError, "draft_temperature"),
+        (dict(input_ids=torch.empty(1, 0, dtype=torch.long)), ValueError, "prompt is empty"),
+        (dict(input_ids=torch.tensor([[1, V + 5]])), ValueError, "another model's tokenizer"),
+        (dict(input_ids=torch.tensor([1, 2])), ValueError, r"shape \[batch, length\]"),
+        (dict(input_ids=torch.tensor([[1.0, 2.0]])), TypeError, "integer"),
+        (dict(input_ids=torch.tensor([[1, 2], [3, 4]])), NotImplementedError, "one sequence at a time"),
+    ],
+)
+def test_speculative_generate_rejects_bad_input(pair, kwargs, error, match):
+    verifier, drafter = pair
+    args = dict(input_ids=PROMPT, max_new_tokens=4, gamma=4)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        speculative_generate(verifier, drafter, args.pop("input_ids"), **args)
+
+
+def test_vocab_mismatch(pair):
+    verifier, _ = pair
+    other = DiffusionDrafter(tiny_model("llama", vocab_size=V + 8, seed=2), V, True)
+    with pytest.raises(ValueError, match="vocabulary mismatch.*same tokenizer"):
+        speculative_generate(verifier, other, PROMPT, max_new_tokens=4, gamma=4)
+
+
+def test_verifier_generate_rejects_bad_input(pair):
+    verifier, _ = pair
+    with pytest.raises(ValueError, match="exceeds the verifier's context"):
+        verifier_generate(verifier, torch.ones(1, 60, dtype=torch.long), max_new_tokens=10)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        verifier_generate(verifier, torch.empty(1, 0, dtype=torch.long), max_new_tokens=10)
+
+
+def test_unsupported_attention_kernel_is_named():
+    verifier = tiny_model("qwen2", vocab_size=V, seed=0)
+    drafter_model = tiny_model("llama", vocab_size=V, seed=1)
+    drafter = DiffusionDrafter(drafter_model, V - 1, True)
+    verifier.config._attn_implementation = "flex_attention"
+    with pytest.raises(
+        ValueError, match="verifier's attention implementation 'flex_attention'.*attn_implementation='sdpa'"
+    ):
+        speculative_generate(verifier, drafter, PROMPT, max_new_tokens=4, gamma=4)
+    drafter_model.config._attn_implementation = "flex_attention"
+    with pytest.raises(ValueError, match="drafter's attention implementation"):
+        DiffusionDrafter(drafter_model, V - 1, True)
+
+
+def _tokenizer(words):
+    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def test_tokenizer_mismatch():
+    same = ["<unk>", "a", "b", "c"]
+    check_tokenizers(_tokenizer(same), _tokenizer(same))
+    with pytest.raises(ValueError, match="tokenizer mismatch.*only in drafter: \\['d'\\]"):
+        check_tokenizers(_tokenizer(same), _tokenizer(["<unk>", "a", "b", "d"]))
+    with pytest.raises(ValueError, match="different ids"):
+        check_tokenizers(_tokenizer(same), _tokenizer(["<unk>", "b", "a", "c"]))
