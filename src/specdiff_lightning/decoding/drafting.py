@@ -69,5 +69,5 @@ class Drafter(ABC):
     ) -> Proposal:
         """Draft ``num_drafts`` windows of ``gamma`` tokens after ``input_ids[B, L]``."""
 
-    def reset(self) -> None:
-        """Forget per-sequence state (called at the start of every generation)."""  # noqa: B027 - optional hook
+    def reset(self) -> None:  # noqa: B027 (an optional hook, not abstract)
+        """Forget per-sequence state (called at the start of every generation)."""
