@@ -1,4 +1,8 @@
+import importlib
 import json
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,3 +205,58 @@ def test_autoregressive_drafter_cache_follows_the_context():
     torch.testing.assert_close(second.probs[0, 0, 0], torch.nn.functional.one_hot(ref.argmax(), V).double())
     with pytest.raises(NotImplementedError, match="num_drafts=1"):
         drafter.propose(ctx, gamma=3, num_drafts=2)
+
+
+REMOTE_CODE = Path(__file__).parent / "fixtures" / "remote_code"
+
+
+def _save_remote_code_model(directory, class_name, config_name, seed):
+    sys.path.insert(0, str(REMOTE_CODE))
+    try:
+        configuration = importlib.import_module("configuration_tinydiff")
+        modeling = importlib.import_module("modeling_tinydiff")
+    finally:
+        sys.path.remove(str(REMOTE_CODE))
+    config = getattr(configuration, config_name)(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    config.auto_map = {
+        "AutoConfig": f"configuration_tinydiff.{config_name}",
+        "AutoModel": f"modeling_tinydiff.{class_name}",
+    }
+    torch.manual_seed(seed)
+    model = getattr(modeling, class_name)(config).to(torch.float64).eval()
+    model.save_pretrained(directory)
+    for name in ("configuration_tinydiff.py", "modeling_tinydiff.py"):
+        shutil.copy(REMOTE_CODE / name, directory / name)
+    return model
+
+
+@pytest.mark.parametrize(
+    "class_name,config_name,family,shift",
+    [("DreamModel", "DreamConfig", "dream", True), ("LLaDAModelLM", "LLaDAConfig", "llada", False)],
+)
+def test_remote_code_checkpoints_load_with_their_family_settings(
+    tmp_path, class_name, config_name, family, shift
+):
+    """Dream/DiffuCoder and LLaDA load through AutoModel + trust_remote_code; the family is read
+    from config.model_type. Their real mask ids exceed this tiny vocabulary, so it is overridden
+    (and leaving it would be the clear out-of-vocabulary error)."""
+    original = _save_remote_code_model(tmp_path, class_name, config_name, seed=12)
+    with pytest.raises(
+        ValueError, match=f"mask_token_id={DRAFTER_FAMILIES[family].mask_token_id} is outside"
+    ):
+        DiffusionDrafter.from_pretrained(tmp_path, dtype=torch.float64)
+    drafter = DiffusionDrafter.from_pretrained(tmp_path, mask_token_id=MASK, dtype=torch.float64)
+    assert type(drafter.model).__name__ == class_name and drafter.shift_logits is shift
+    assert not drafter._stock  # runs through the model's own (bidirectional) attention
+    prefix = torch.tensor([[4, 5, 6]])
+    with torch.no_grad():
+        full = original(torch.cat([prefix, torch.full((1, 3), MASK)], dim=1)).logits
+    start = 2 if shift else 3
+    torch.testing.assert_close(drafter.draft_logits(prefix, 3), full[:, start : start + 3])

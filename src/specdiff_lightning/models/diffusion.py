@@ -126,11 +126,13 @@ class DiffusionDrafter(Drafter):
         Args:
             family: ``"dream"`` (DiffuCoder/Dream), ``"diffullama"``, ``"llada"``, or ``"auto"``: read
                 the ``specdiff_drafter.json`` written by :meth:`save_pretrained`, else infer the
-                family from ``config.model_type``.
+                family from ``config.model_type``. Dream and LLaDA ship their model code with the
+                checkpoint, so their families load with ``trust_remote_code=True`` unless you pass
+                ``trust_remote_code=False``.
             mask_token_id, shift_logits: override the family's values.
             model_kwargs: passed to ``from_pretrained`` (``dtype``, ``device_map``, ``attn_implementation``...).
         """
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+        from transformers import AutoModel, AutoModelForCausalLM, PretrainedConfig
 
         sidecar = os.path.join(os.fspath(path), SIDECAR_FILE)
         settings: dict = {}
@@ -140,8 +142,9 @@ class DiffusionDrafter(Drafter):
             family = settings.get("family", "auto")
         trust_remote_code = model_kwargs.pop("trust_remote_code", None)
         if family == "auto":
-            config = AutoConfig.from_pretrained(path, trust_remote_code=bool(trust_remote_code))
-            model_type = getattr(config, "model_type", "").lower()
+            # The raw config.json: no remote code runs before the family is known.
+            config_dict, _ = PretrainedConfig.get_config_dict(path)
+            model_type = str(config_dict.get("model_type", "")).lower()
             if model_type not in _MODEL_TYPE_TO_FAMILY and not settings:
                 raise ValueError(
                     f"cannot infer the drafter family of {path!r} (model_type={model_type!r}); pass "
