@@ -8,6 +8,7 @@ from .decoding import (
     verifier_generate,
 )
 from .models import AutoregressiveDrafter, DiffusionDrafter
+from .training.losses import streak_loss
 
 __version__ = "0.1.0"
 
@@ -18,5 +19,6 @@ __all__ = [
     "DiffusionDrafter",
     "GenerationOutput",
     "speculative_generate",
+    "streak_loss",
     "verifier_generate",
 ]

@@ -1,8 +1,16 @@
 """Command line: ``python -m specdiff_lightning <command> --help``.
 
-Commands:
-  demo    decode with small models built from configs, every acceptance mode side by side, and
-          check each output against the verifier's own greedy decoding.
+Commands (LightningCLI: YAML configs with class_path/init_args, ``--print_config``):
+  fit              streak-distil a drafter against a frozen verifier
+  validate         validation streak length / positional acceptance of a drafter
+  generate-corpus  sample verifier continuations of prompts into corpus shards (resumable)
+  export           write the trained drafter (LoRA merged) as a Hugging Face directory
+Other commands:
+  demo             decode with small models, every acceptance mode side by side
+
+Examples:
+  python -m specdiff_lightning fit --config configs/tiny_fit.yaml
+  python -m specdiff_lightning generate-corpus --config configs/tiny_fit.yaml --prompts p.jsonl --output_dir corpus/
 """
 
 from __future__ import annotations
@@ -13,7 +21,36 @@ import time
 
 import torch
 
-__all__ = ["main"]
+__all__ = ["main", "SpecDiffCLI"]
+
+LIGHTNING_COMMANDS = {"fit", "validate", "test", "predict", "generate-corpus", "generate_corpus", "export"}
+
+
+def _lightning_cli(argv: list[str] | None):
+    """Run LightningCLI; ``argv=None`` reads ``sys.argv`` (the ``generate-corpus`` alias is mapped
+    to the Trainer method ``generate_corpus``)."""
+    from lightning.pytorch.cli import LightningCLI
+
+    from .data.datamodule import DistillationDataModule
+    from .trainer import SpecDiffTrainer
+    from .training.module import DrafterDistillation
+
+    class SpecDiffCLI(LightningCLI):
+        @staticmethod
+        def subcommands() -> dict[str, set[str]]:
+            commands = LightningCLI.subcommands()
+            commands["generate_corpus"] = {"model", "datamodule"}
+            commands["export"] = {"model", "datamodule"}
+            return commands
+
+    return SpecDiffCLI(
+        DrafterDistillation,
+        DistillationDataModule,
+        trainer_class=SpecDiffTrainer,
+        args=argv,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"prog": "python -m specdiff_lightning", "default_env": False},
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -34,7 +71,7 @@ def _demo(args: argparse.Namespace) -> int:
     )
     prompt = torch.randint(0, vocab - 1, (1, 16), generator=torch.Generator().manual_seed(args.seed))
     common = dict(max_new_tokens=args.max_new_tokens, temperature=0)
-
+    k = args.num_drafts
     methods = {
         "verifier only": lambda: verifier_generate(verifier, prompt, **common),
         "SpS (AR drafter)": lambda: speculative_generate(
@@ -43,23 +80,11 @@ def _demo(args: argparse.Namespace) -> int:
         "SpecDiff K=1 standard": lambda: speculative_generate(
             verifier, drafter, prompt, gamma=args.gamma, acceptance="standard", **common
         ),
-        f"SpecDiff-2 K={args.num_drafts} greedy": lambda: speculative_generate(
-            verifier,
-            drafter,
-            prompt,
-            gamma=args.gamma,
-            num_drafts=args.num_drafts,
-            draft_temperature=2.0,
-            **common,
+        f"SpecDiff-2 K={k} greedy": lambda: speculative_generate(
+            verifier, drafter, prompt, gamma=args.gamma, num_drafts=k, draft_temperature=2.0, **common
         ),
-        f"SpecDiff-2 K={args.num_drafts} recursive": lambda: speculative_generate(
-            verifier,
-            drafter,
-            prompt,
-            gamma=args.gamma,
-            num_drafts=args.num_drafts,
-            acceptance="recursive",
-            **common,
+        f"SpecDiff-2 K={k} recursive": lambda: speculative_generate(
+            verifier, drafter, prompt, gamma=args.gamma, num_drafts=k, acceptance="recursive", **common
         ),
     }
     reference = None
@@ -90,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+    for name in ("fit", "validate", "generate-corpus", "export"):
+        sub.add_parser(name, help=f"see `python -m specdiff_lightning {name} --help`", add_help=False)
     demo = sub.add_parser("demo", help="decode with small models; compare every mode with greedy decoding")
     demo.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     demo.add_argument("--gamma", type=int, default=8, help="draft window (default 8)")
@@ -104,7 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0] in LIGHTNING_COMMANDS:
+        if argv is None:
+            sys.argv[1] = sys.argv[1].replace("-", "_")
+        else:
+            argv = [argv[0].replace("-", "_"), *argv[1:]]
+        _lightning_cli(argv)
+        return 0
+    args = build_parser().parse_args(words)
     return args.func(args)
 
 

@@ -50,7 +50,9 @@ def _config_token_ids(config, name: str) -> set[int]:
 
 
 def _is_stock_transformers_model(model: nn.Module) -> bool:
-    return type(model).__module__.startswith("transformers.models.")
+    # A PEFT wrapper (LoRA fine-tuning) forwards our kwargs to the model it wraps.
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return type(base).__module__.startswith("transformers.models.")
 
 
 class DiffusionDrafter(Drafter):

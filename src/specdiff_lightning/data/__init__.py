@@ -1,0 +1,18 @@
+"""Data: distillation corpora (records, windows, the streaming DataModule, corpus generation)."""
+
+from .corpus import generate_corpus, load_prompts
+from .datamodule import DistillationDataModule, tokenized_records
+from .records import CorpusError, expand_files, iter_records
+from .windows import collate_windows, cut_windows
+
+__all__ = [
+    "CorpusError",
+    "DistillationDataModule",
+    "collate_windows",
+    "cut_windows",
+    "expand_files",
+    "generate_corpus",
+    "iter_records",
+    "load_prompts",
+    "tokenized_records",
+]

@@ -1,0 +1,228 @@
+"""``generate-corpus``: the verifier writes (prompt, continuation) records for distillation.
+
+Resumable and interruption-safe: prompts are processed in shards; each shard is written to a
+temporary file and renamed into place, then the manifest (which prompts are done) is replaced
+atomically. A rerun skips finished prompts; at most the shard in progress is redone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .records import CorpusError
+
+__all__ = ["load_prompts", "generate_corpus", "MANIFEST"]
+
+MANIFEST = "manifest.json"
+
+
+def load_prompts(path: str | os.PathLike, tokenizer=None) -> list[dict]:
+    """Prompts from a ``.jsonl`` file (``{"id"?, "prompt"}`` or ``{"id"?, "prompt_ids"}``) or a
+    ``.txt`` file (one prompt per line). Returns ``[{"id", "prompt_ids", "prompt"?}]``."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"prompt file {str(path)!r} does not exist")
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            if not line.strip():
+                continue
+            if path.suffix == ".txt":
+                record = {"prompt": line.rstrip("\n")}
+            else:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise CorpusError(f"{where}: malformed JSON ({err.msg})") from None
+            if not isinstance(record, dict) or not ("prompt" in record or "prompt_ids" in record):
+                raise CorpusError(
+                    f"{where}: a prompt record needs 'prompt' (text) or 'prompt_ids' (token ids)"
+                )
+            if "prompt_ids" in record:
+                ids = record["prompt_ids"]
+                if not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= 0 for i in ids)):
+                    raise CorpusError(f"{where}: 'prompt_ids' must be a non-empty list of non-negative ints")
+            else:
+                if tokenizer is None:
+                    raise CorpusError(f"{where}: text prompts need a tokenizer (pass --tokenizer <path>)")
+                from .datamodule import _encode_prompt
+
+                ids = _encode_prompt(tokenizer, record["prompt"])
+                if not ids:
+                    raise CorpusError(f"{where}: empty prompt")
+            prompts.append(
+                {
+                    "id": str(record.get("id", f"{path.name}:{lineno}")),
+                    "prompt_ids": ids,
+                    **({"prompt": record["prompt"]} if "prompt" in record else {}),
+                }
+            )
+    if not prompts:
+        raise CorpusError(f"prompt file {str(path)!r} has no prompts")
+    return prompts
+
+
+def _read_manifest(out: Path, config: dict) -> dict:
+    path = out / MANIFEST
+    if not path.exists():
+        return {"config": config, "done": [], "shards": []}
+    manifest = json.loads(path.read_text())
+    if manifest.get("config") != config:
+        raise CorpusError(
+            f"{out} holds a corpus generated with other settings ({manifest.get('config')}); use a new "
+            f"output directory or the same settings to resume"
+        )
+    return manifest
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _write_records(path: Path, records: list[dict], fmt: str) -> None:
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        _atomic_write(path, lambda tmp: pq.write_table(pa.Table.from_pylist(records), tmp))
+    else:
+
+        def write(tmp):
+            with open(tmp, "w", encoding="utf-8") as f:
+                for r in records:
+                    f.write(json.dumps(r) + "\n")
+
+        _atomic_write(path, write)
+
+
+def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(map(len, rows))
+    ids = torch.full((len(rows), length), pad, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, length - len(row) :] = torch.tensor(row, device=device)
+        mask[i, length - len(row) :] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def _sample(verifier, prompts, num_continuations, max_new_tokens, eos, pad, temperature) -> list[list[int]]:
+    ids, mask = _left_pad([p["prompt_ids"] for p in prompts], pad, verifier.device)
+    out = verifier.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        temperature=temperature,
+        top_k=0,  # generate() defaults to top_k=50: switch it off for the verifier's true distribution
+        top_p=1.0,
+        max_new_tokens=max_new_tokens,
+        num_return_sequences=num_continuations,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )[:, ids.shape[1] :].tolist()
+    eos_ids = set([] if eos is None else ([eos] if isinstance(eos, int) else eos))
+    continuations = []
+    for row in out:
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+        continuations.append(row[:cut])
+    return continuations
+
+
+def generate_corpus(
+    verifier: nn.Module,
+    prompts: list[dict],
+    output_dir: str | os.PathLike,
+    *,
+    num_continuations: int = 4,
+    max_new_tokens: int = 64,
+    batch_size: int = 8,
+    prompts_per_shard: int = 256,
+    temperature: float = 1.0,
+    fmt: str = "jsonl",
+    val_fraction: float = 0.0,
+    seed: int = 0,
+    eos_token_id: int | list[int] | None = None,
+    tokenizer=None,
+    progress: bool = True,
+) -> Path:
+    """Sample ``num_continuations`` verifier continuations per prompt and write shards.
+
+    Writes ``train-NNNNN.<fmt>`` (and ``val-NNNNN.<fmt>`` for a deterministic ``val_fraction`` of the
+    prompts, chosen by id) plus ``manifest.json``. Returns the output directory.
+    """
+    if fmt not in ("jsonl", "parquet"):
+        raise ValueError(f"fmt must be 'jsonl' or 'parquet', got {fmt!r}")
+    if num_continuations < 1 or max_new_tokens < 1 or batch_size < 1 or prompts_per_shard < 1:
+        raise ValueError("num_continuations, max_new_tokens, batch_size and prompts_per_shard must be >= 1")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = dict(
+        num_continuations=num_continuations,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        fmt=fmt,
+        val_fraction=val_fraction,
+        seed=seed,
+    )
+    manifest = _read_manifest(out, config)
+    done = set(manifest["done"])
+    todo = [p for p in prompts if p["id"] not in done]
+    pad = 0 if eos_token_id is None else (eos_token_id if isinstance(eos_token_id, int) else eos_token_id[0])
+    vocab = int(verifier.config.vocab_size)
+    bad = [p["id"] for p in todo if max(p["prompt_ids"]) >= vocab]
+    if bad:
+        raise CorpusError(
+            f"prompts {bad[:3]} hold token ids outside the verifier's vocabulary of {vocab}: wrong tokenizer?"
+        )
+
+    bar = tqdm(
+        total=len(prompts),
+        initial=len(prompts) - len(todo),
+        desc="generate-corpus",
+        unit="prompt",
+        disable=not progress,
+    )
+    for start in range(0, len(todo), prompts_per_shard):
+        shard_prompts = todo[start : start + prompts_per_shard]
+        index = len(manifest["shards"])
+        torch.manual_seed(seed * 1_000_003 + index)  # a resumed run samples each shard as a fresh one would
+        split = {"train": [], "val": []}
+        for b in range(0, len(shard_prompts), batch_size):
+            batch = shard_prompts[b : b + batch_size]
+            conts = _sample(
+                verifier, batch, num_continuations, max_new_tokens, eos_token_id, pad, temperature
+            )
+            for i, prompt in enumerate(batch):
+                is_val = zlib.crc32(prompt["id"].encode()) % 10_000 < val_fraction * 10_000
+                for c in range(num_continuations):
+                    cont = conts[i * num_continuations + c]
+                    record = {
+                        "id": f"{prompt['id']}#{c}",
+                        "prompt_ids": prompt["prompt_ids"],
+                        "continuation_ids": cont,
+                    }
+                    if tokenizer is not None:
+                        record["continuation"] = tokenizer.decode(cont)
+                    split["val" if is_val else "train"].append(record)
+            bar.update(len(batch))
+        names = []
+        for name, records in split.items():
+            if records:
+                path = out / f"{name}-{index:05d}.{fmt}"
+                _write_records(path, records, fmt)
+                names.append(path.name)
+        manifest["shards"].append(names)
+        manifest["done"] += [p["id"] for p in shard_prompts]
+        _atomic_write(out / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest)))
+    bar.close()
+    return out

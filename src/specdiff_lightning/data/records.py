@@ -1,0 +1,134 @@
+"""Distillation corpus records: reading JSONL / Parquet / text files, validated line by line.
+
+A record is a (prompt, continuation) pair, either as token ids
+``{"prompt_ids": [...], "continuation_ids": [...]}`` or as text ``{"prompt": "...",
+"continuation": "..."}`` (an optional ``"id"`` travels along). A ``.txt`` file holds one document
+per line: an empty prompt and the line as continuation. Bad records are reported with file and
+line and either skipped or raised, as configured.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["CorpusError", "iter_records", "expand_files", "validate_record", "SUFFIXES"]
+
+log = logging.getLogger(__name__)
+
+SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+
+
+class CorpusError(ValueError):
+    """A corpus file or record is unusable; the message names the file, line and fix."""
+
+
+def expand_files(data_files: str | list[str]) -> list[str]:
+    """Expand globs/directories into a sorted list of corpus files; fail clearly when none exist."""
+    patterns = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files)
+    files: list[str] = []
+    for pattern in patterns:
+        path = Path(pattern)
+        if path.is_dir():
+            files += sorted(str(p) for p in path.iterdir() if p.suffix in SUFFIXES)
+        elif any(ch in str(pattern) for ch in "*?["):
+            files += sorted(glob.glob(str(pattern), recursive=True))
+        elif path.is_file():
+            files.append(str(path))
+        else:
+            raise CorpusError(f"corpus file {pattern!r} does not exist")
+    unknown = [f for f in files if Path(f).suffix not in SUFFIXES]
+    if unknown:
+        raise CorpusError(f"unsupported corpus file type: {unknown[:3]}; use one of {sorted(SUFFIXES)}")
+    if not files:
+        raise CorpusError(
+            f"no corpus files match {patterns}; generate one with `generate-corpus` or fix the path"
+        )
+    return files
+
+
+def _is_id_list(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    )
+
+
+def validate_record(record, where: str) -> dict:
+    """Return a normalised record or raise :class:`CorpusError` naming ``where`` (file:line)."""
+    if not isinstance(record, dict):
+        raise CorpusError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if "continuation_ids" in record:
+        prompt, cont = record.get("prompt_ids", []), record["continuation_ids"]
+        if not _is_id_list(prompt) or not _is_id_list(cont):
+            raise CorpusError(
+                f"{where}: 'prompt_ids' and 'continuation_ids' must be lists of non-negative ints"
+            )
+        if not cont:
+            raise CorpusError(f"{where}: empty continuation")
+        out = {"prompt_ids": prompt, "continuation_ids": cont}
+    elif "continuation" in record:
+        prompt, cont = record.get("prompt", ""), record["continuation"]
+        if not isinstance(prompt, str) or not isinstance(cont, str):
+            raise CorpusError(f"{where}: 'prompt' and 'continuation' must be strings")
+        if not cont.strip():
+            raise CorpusError(f"{where}: empty continuation")
+        out = {"prompt": prompt, "continuation": cont}
+    else:
+        raise CorpusError(
+            f"{where}: a record needs 'continuation_ids' (token ids) or 'continuation' (text); got keys {sorted(record)}"
+        )
+    out["id"] = str(record.get("id", where))
+    return out
+
+
+def _raw_records(path: str) -> Iterator[tuple[object, str]]:
+    kind = SUFFIXES[Path(path).suffix]
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        row = 0
+        for batch in pq.ParquetFile(path).iter_batches():
+            for record in batch.to_pylist():
+                row += 1
+                yield record, f"{path}:row {row}"
+        return
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            if kind == "text":
+                if line.strip():  # blank lines separate documents; they are not errors
+                    yield {"prompt": "", "continuation": line.rstrip("\n")}, where
+                continue
+            if not line.strip():
+                yield None, where
+                continue
+            try:
+                yield json.loads(line), where
+            except json.JSONDecodeError as err:
+                yield CorpusError(f"{where}: malformed JSON ({err.msg} at column {err.colno})"), where
+
+
+def iter_records(files: list[str], on_error: str = "skip") -> Iterator[dict]:
+    """Yield valid records from ``files`` in order.
+
+    Args:
+        on_error: ``"skip"`` logs a warning naming file and line and goes on; ``"raise"`` stops.
+    """
+    if on_error not in ("skip", "raise"):
+        raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+    for path in files:
+        for raw, where in _raw_records(path):
+            try:
+                if raw is None:
+                    raise CorpusError(f"{where}: empty line")
+                if isinstance(raw, CorpusError):
+                    raise raw
+                yield validate_record(raw, where)
+            except CorpusError as err:
+                if on_error == "raise":
+                    raise
+                log.warning("skipping bad corpus record: %s", err)

@@ -1,0 +1,98 @@
+"""Load verifiers and drafters from a spec string: a local directory, a hub id, or a tiny preset.
+
+``"tiny-qwen2"`` / ``"tiny-llama"`` build small random models of the real classes (``tiny`` kwargs
+set their sizes), so every config in ``configs/`` runs on a laptop with the real paths swapped in.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from .diffusion import DiffusionDrafter
+from .tiny import tiny_model
+
+__all__ = ["load_verifier", "load_drafter", "resolve_dtype", "TINY_PREFIX"]
+
+TINY_PREFIX = "tiny-"
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
+    """``"bfloat16"`` -> ``torch.bfloat16``; ``"auto"`` and None pass through."""
+    if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    resolved = getattr(torch, str(dtype), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16', 'float64' or 'auto'")
+    return resolved
+
+
+def _tiny(spec: str, tiny: dict | None, dtype) -> PreTrainedModel:
+    kwargs = dict(tiny or {})
+    if isinstance(dtype, torch.dtype):
+        kwargs.setdefault("dtype", dtype)
+    return tiny_model(spec[len(TINY_PREFIX) :], **kwargs)
+
+
+def load_verifier(
+    spec: str,
+    *,
+    dtype: str | torch.dtype | None = "auto",
+    attn_implementation: str = "sdpa",
+    tiny: dict | None = None,
+    **model_kwargs,
+) -> PreTrainedModel:
+    """A frozen causal LM in eval mode with gradients off.
+
+    Args:
+        spec: directory or hub id for ``AutoModelForCausalLM.from_pretrained``, or ``"tiny-qwen2"`` /
+            ``"tiny-llama"``.
+        tiny: sizes for a tiny preset (``vocab_size``, ``hidden_size``, ``num_layers``, ``seed``...).
+        model_kwargs: passed to ``from_pretrained`` (``device_map``, ``revision``...).
+    """
+    dtype = resolve_dtype(dtype)
+    if spec.startswith(TINY_PREFIX):
+        model = _tiny(spec, tiny, dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            spec, dtype=dtype, attn_implementation=attn_implementation, **model_kwargs
+        )
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def load_drafter(
+    spec: str,
+    *,
+    family: str = "auto",
+    mask_token_id: int | None = None,
+    shift_logits: bool | None = None,
+    max_prefix_tokens: int | None = None,
+    steps: int = 1,
+    dtype: str | torch.dtype | None = "auto",
+    tiny: dict | None = None,
+    **model_kwargs,
+) -> DiffusionDrafter:
+    """A :class:`DiffusionDrafter` from a checkpoint (see :meth:`DiffusionDrafter.from_pretrained`)
+    or a tiny preset (mask id defaults to the last vocabulary id, logits shifted)."""
+    dtype = resolve_dtype(dtype)
+    if spec.startswith(TINY_PREFIX):
+        model = _tiny(spec, tiny, dtype)
+        return DiffusionDrafter(
+            model,
+            mask_token_id=model.config.vocab_size - 1 if mask_token_id is None else mask_token_id,
+            shift_logits=True if shift_logits is None else shift_logits,
+            steps=steps,
+            max_prefix_tokens=max_prefix_tokens,
+        )
+    return DiffusionDrafter.from_pretrained(
+        spec,
+        family=family,
+        mask_token_id=mask_token_id,
+        shift_logits=shift_logits,
+        steps=steps,
+        max_prefix_tokens=max_prefix_tokens,
+        dtype=dtype,
+        **model_kwargs,
+    )

@@ -1,0 +1,29 @@
+"""Training: drafter objectives (pure functions) and the Lightning glue."""
+
+from .losses import (
+    IGNORE_INDEX,
+    LOSSES,
+    ar_distillation_loss,
+    expected_streak_loss,
+    forward_kl_loss,
+    masked_ce_loss,
+    mdm_corrupt,
+    mdm_loss,
+    streak_loss,
+    tv_loss,
+)
+from .module import DrafterDistillation
+
+__all__ = [
+    "DrafterDistillation",
+    "IGNORE_INDEX",
+    "LOSSES",
+    "ar_distillation_loss",
+    "expected_streak_loss",
+    "forward_kl_loss",
+    "masked_ce_loss",
+    "mdm_corrupt",
+    "mdm_loss",
+    "streak_loss",
+    "tv_loss",
+]

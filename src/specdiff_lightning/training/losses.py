@@ -1,0 +1,183 @@
+"""Training objectives for diffusion drafters (METHOD.md §5), as pure tensor functions.
+
+Shapes: ``draft_logits[B, g, V]`` are the drafter's window logits (row k is ``q_k(. | s)``);
+``targets[B, g]`` the verifier's continuation ``x_1..x_g`` with ``IGNORE_INDEX`` where a window ended
+early (EOS / end of record); ``verifier_logprobs[B, g, V]`` are ``log p(. | s ⊕ x_<k)``.
+Every function returns ``(loss, expected_streak[B])``: the scalar to minimise and the drafter's
+expected accepted streak on the batch (the validation signal).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..decoding.sampling import compute_dtype
+
+__all__ = [
+    "IGNORE_INDEX",
+    "streak_loss",
+    "expected_streak_loss",
+    "ar_distillation_loss",
+    "tv_loss",
+    "forward_kl_loss",
+    "masked_ce_loss",
+    "mdm_corrupt",
+    "mdm_loss",
+    "streak_terms",
+    "LOSSES",
+]
+
+IGNORE_INDEX = -100
+
+
+def _up(x: torch.Tensor) -> torch.Tensor:
+    """Losses run in float32 at least (bf16/fp16 logits are upcast; float64 stays float64)."""
+    return x.to(compute_dtype(x.dtype))
+
+
+def _valid(targets: torch.Tensor) -> torch.Tensor:
+    return targets != IGNORE_INDEX
+
+
+def _target_logprobs(draft_logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log q_k(x_k)`` (0 at ignored positions)."""
+    logq = F.log_softmax(_up(draft_logits) / temperature, dim=-1)
+    picked = logq.gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1)
+    return picked.masked_fill(~_valid(targets), 0.0)
+
+
+def streak_terms(log_factors: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``P_j = prod_{k<=j} factor_k`` from log-factors, via a cumulative log-sum (stable for g = 32);
+    0 at invalid positions. ``[B, g] -> [B, g]``."""
+    return torch.exp(torch.cumsum(log_factors, dim=-1)) * valid
+
+
+def streak_loss(
+    draft_logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Streak-distillation (Def. 5.1): ``-E[ sum_j prod_{k<=j} q_k(x_k | s) ]`` along verifier paths.
+
+    Its expectation over ``x ~ P(. | s)`` equals the expected accepted length of a draft sampled
+    from ``prod q_k`` under greedy acceptance.
+    """
+    streak = streak_terms(_target_logprobs(draft_logits, targets, temperature), _valid(targets)).sum(-1)
+    return -streak.mean(), streak.detach()
+
+
+def expected_streak_loss(
+    draft_logits: torch.Tensor,
+    targets: torch.Tensor,
+    verifier_logprobs: torch.Tensor,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lower-variance variant: the last factor of each term replaced by its expectation,
+    ``sum_j (prod_{k<j} q_k(x_k)) <q_j, p_j>`` with ``p_j = p(. | s ⊕ x_<j)``.
+
+    Unbiased for :func:`streak_loss` (E[q_j(x_j) | x_<j] = <q_j, p_j>, Eq. 5a). Replacing *every*
+    factor by its inner product, as a literal reading of METHOD.md §5 suggests, is biased: for
+    g = 2 it gives <q_1,p_1> E[<q_2,p_2>] instead of E[q_1(x_1) <q_2,p_2>].
+    """
+    valid = _valid(targets)
+    logq_all = F.log_softmax(_up(draft_logits) / temperature, dim=-1)
+    log_inner = torch.logsumexp(logq_all + _up(verifier_logprobs), dim=-1).masked_fill(~valid, 0.0)
+    logq_x = logq_all.gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1).masked_fill(~valid, 0.0)
+    before = torch.cumsum(logq_x, dim=-1) - logq_x  # sum_{k<j} log q_k(x_k)
+    streak = (torch.exp(before + log_inner) * valid).sum(-1)
+    return -streak.mean(), streak.detach()
+
+
+def _with_streak(loss, draft_logits, targets, temperature):
+    with torch.no_grad():
+        _, streak = streak_loss(draft_logits, targets, temperature)
+    return loss, streak
+
+
+def ar_distillation_loss(
+    draft_logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The "AR-distillation" baseline: the window-1 objective (aligns only the first position)."""
+    loss, _ = streak_loss(draft_logits[:, :1], targets[:, :1], temperature)
+    return _with_streak(loss, draft_logits, targets, temperature)
+
+
+def _position_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    return (values * valid).sum() / valid.sum().clamp_min(1)
+
+
+def tv_loss(
+    draft_logits: torch.Tensor,
+    targets: torch.Tensor,
+    verifier_logprobs: torch.Tensor,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DistillSpec-style baseline: position-averaged total variation ``1 - sum_x min(p, q)``."""
+    q = F.softmax(_up(draft_logits) / temperature, dim=-1)
+    tv = 1 - torch.minimum(q, _up(verifier_logprobs).exp()).sum(-1)
+    return _with_streak(_position_mean(tv, _valid(targets)), draft_logits, targets, temperature)
+
+
+def forward_kl_loss(
+    draft_logits: torch.Tensor,
+    targets: torch.Tensor,
+    verifier_logprobs: torch.Tensor,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DistillSpec-style baseline: position-averaged forward KL ``KL(p || q)``."""
+    logq = F.log_softmax(_up(draft_logits) / temperature, dim=-1)
+    logp = _up(verifier_logprobs)
+    kl = (logp.exp() * (logp - logq)).nan_to_num(0.0).sum(-1)  # 0 * -inf where p = 0
+    return _with_streak(_position_mean(kl, _valid(targets)), draft_logits, targets, temperature)
+
+
+def masked_ce_loss(
+    draft_logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain cross-entropy on the verifier's tokens at the masked positions."""
+    ce = F.cross_entropy(
+        _up(draft_logits).flatten(0, 1) / temperature, targets.flatten(), ignore_index=IGNORE_INDEX
+    )
+    return _with_streak(ce, draft_logits, targets, temperature)
+
+
+def mdm_corrupt(
+    tokens: torch.Tensor,
+    mask_token_id: int,
+    eps: float = 1e-3,
+    valid: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward process of the MDM objective: ``t ~ U(eps, 1]``, mask each token with probability t.
+
+    Returns ``(noisy[B, L], masked[B, L] bool, t[B])``; never masks invalid (padding) positions.
+    """
+    batch = tokens.shape[0]
+    t = eps + (1 - eps) * torch.rand(batch, generator=generator, device=tokens.device)
+    masked = torch.rand(tokens.shape, generator=generator, device=tokens.device) < t[:, None]
+    if valid is not None:
+        masked &= valid
+    return tokens.masked_fill(masked, mask_token_id), masked, t
+
+
+def mdm_loss(
+    logits: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor, t: torch.Tensor, shift_logits: bool
+) -> torch.Tensor:
+    """MDLM/LLaDA pretraining/adaptation loss: cross-entropy on masked tokens weighted by 1/t,
+    normalised by the number of tokens. ``logits[B, L, V]`` from the model on the noisy input; with
+    ``shift_logits`` the logit at i-1 predicts token i (the DiffuCoder/DiffuLLaMA convention)."""
+    if shift_logits:
+        logits, tokens, masked = logits[:, :-1], tokens[:, 1:], masked[:, 1:]
+    ce = F.cross_entropy(_up(logits).transpose(1, 2), tokens, reduction="none")  # [B, L]
+    weighted = (ce * masked) / t[:, None]
+    return weighted.sum() / tokens.numel()
+
+
+#: loss name -> (function, whether it needs the verifier's distributions)
+LOSSES = {
+    "streak": (streak_loss, False),
+    "expected_streak": (expected_streak_loss, True),
+    "ar_distillation": (ar_distillation_loss, False),
+    "tv": (tv_loss, True),
+    "forward_kl": (forward_kl_loss, True),
+    "masked_ce": (masked_ce_loss, False),
+}

@@ -1,0 +1,187 @@
+"""The LightningModule: a frozen verifier, a trainable diffusion drafter, streak-distillation."""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import lightning as L
+import torch
+
+from ..decoding.validation import check_vocab
+from ..metrics import PositionalAcceptance, StreakLength
+from ..models.diffusion import DiffusionDrafter
+from ..models.loading import load_drafter, load_verifier
+from .losses import IGNORE_INDEX, LOSSES, streak_loss, streak_terms
+from .teacher import sample_continuations, verifier_window_logprobs
+
+__all__ = ["DrafterDistillation"]
+
+_TEACHERS = ("corpus", "online")
+
+
+class DrafterDistillation(L.LightningModule):
+    """Align a diffusion drafter to a frozen verifier (METHOD.md §5).
+
+    Args:
+        verifier: directory / hub id of the verifier, or ``"tiny-qwen2"`` / ``"tiny-llama"``.
+        drafter: directory / hub id of the drafter, or a tiny preset.
+        verifier_kwargs: for :func:`~specdiff_lightning.models.loading.load_verifier` (``dtype``,
+            ``device_map``, ``tiny`` sizes...).
+        drafter_kwargs: for :func:`~specdiff_lightning.models.loading.load_drafter` (``family``,
+            ``mask_token_id``, ``shift_logits``, ``max_prefix_tokens``, ``dtype``, ``tiny``...).
+        loss: one of ``streak`` (default), ``expected_streak``, ``ar_distillation``, ``tv``,
+            ``forward_kl``, ``masked_ce``.
+        gamma: window length trained (the deployment draft window).
+        draft_temperature: T applied to the drafter's logits inside the loss, as at deployment.
+        teacher: ``"corpus"`` (continuations stored in the corpus) or ``"online"`` (the verifier
+            samples a fresh continuation of every window prefix at temperature 1.0).
+        lora: PEFT ``LoraConfig`` kwargs (e.g. ``{r: 16, lora_alpha: 32, target_modules: [q_proj, v_proj]}``);
+            None trains all drafter weights.
+        lr, weight_decay, warmup_steps: AdamW with linear warm-up.
+    """
+
+    def __init__(
+        self,
+        verifier: str = "tiny-qwen2",
+        drafter: str = "tiny-llama",
+        verifier_kwargs: dict | None = None,
+        drafter_kwargs: dict | None = None,
+        loss: str = "streak",
+        gamma: int = 8,
+        draft_temperature: float = 1.0,
+        teacher: str = "corpus",
+        lora: dict | None = None,
+        lr: float = 3e-4,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if loss not in LOSSES:
+            raise ValueError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}")
+        if teacher not in _TEACHERS:
+            raise ValueError(f"unknown teacher {teacher!r}; choose one of {_TEACHERS}")
+        if gamma < 1:
+            raise ValueError(f"gamma must be >= 1, got {gamma}")
+        self.loss_fn, self.needs_verifier_probs = LOSSES[loss]
+        self.verifier = load_verifier(verifier, **(verifier_kwargs or {}))
+        self.drafter = load_drafter(drafter, **(drafter_kwargs or {}))
+        check_vocab(self.verifier, self.drafter.vocab_size)
+        if lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            self.drafter.model = get_peft_model(self.drafter.model, LoraConfig(**lora))
+        # Registered so Lightning moves it and the optimizer sees it; the verifier stays frozen.
+        self.drafter_model = self.drafter.model
+        self.strict_loading = False
+        self.val_streak = StreakLength()
+        self.val_positional = PositionalAcceptance(gamma)
+
+    # ------------------------------------------------------------------ frozen verifier
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.verifier.eval()  # no dropout, whatever the Trainer does
+        return self
+
+    def on_fit_start(self) -> None:
+        # Lightning keeps each module's train/eval mode; models load in eval mode.
+        self.drafter_model.train()
+
+    def state_dict(self, *args, **kwargs) -> dict[str, Any]:
+        """The drafter only (only its LoRA adapter when training LoRA), never the verifier."""
+        state = super().state_dict(*args, **kwargs)
+        keep = "lora_" if self.hparams.lora is not None else "drafter_model."
+        return {k: v for k, v in state.items() if k.startswith("drafter_model.") and keep in k}
+
+    # ------------------------------------------------------------------ data
+    def _check_batch(self, batch: dict) -> None:
+        vocab = self.drafter.vocab_size
+        top = max(int(batch["prefix"].max()), int(batch["targets"].max()))
+        if top >= vocab:
+            raise ValueError(
+                f"corpus token id {top} is outside the models' vocabulary of {vocab}: the corpus was tokenized "
+                f"with another tokenizer; regenerate it with this verifier's tokenizer"
+            )
+
+    def teacher_batch(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Targets ``[B, g]`` and, when the loss needs them, verifier log-probs ``[B, g, V]``."""
+        prefix, mask = batch["prefix"], batch["prefix_mask"]
+        gamma = self.hparams.gamma
+        if self.hparams.teacher == "online":
+            targets = sample_continuations(
+                self.verifier, prefix, mask, gamma, eos_token_id=self.verifier.generation_config.eos_token_id
+            )
+        else:
+            targets = batch["targets"][:, :gamma]
+        logp = (
+            verifier_window_logprobs(self.verifier, prefix, mask, targets)
+            if self.needs_verifier_probs
+            else None
+        )
+        return targets, logp
+
+    def forward(self, prefix: torch.Tensor, prefix_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Drafter window logits ``[B, gamma, V]`` for left-padded prefixes."""
+        return self.drafter.window_logits(prefix, self.hparams.gamma, prefix_mask)
+
+    # ------------------------------------------------------------------ steps
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        self._check_batch(batch)
+        targets, logp = self.teacher_batch(batch)
+        logits = self(batch["prefix"], batch["prefix_mask"])
+        T = self.hparams.draft_temperature
+        loss, streak = (
+            self.loss_fn(logits, targets, logp, T)
+            if self.needs_verifier_probs
+            else self.loss_fn(logits, targets, T)
+        )
+        size = targets.shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        self.log("train/streak", streak.mean(), prog_bar=True, batch_size=size)
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._check_batch(batch)
+        targets = batch["targets"][:, : self.hparams.gamma]
+        logits = self(batch["prefix"], batch["prefix_mask"])
+        logq = torch.log_softmax(logits.double() / self.hparams.draft_temperature, dim=-1)
+        valid = targets != IGNORE_INDEX
+        picked = logq.gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1).masked_fill(~valid, 0.0)
+        terms = streak_terms(picked, valid)  # P(first j accepted) under greedy acceptance
+        self.val_streak.update(terms.sum(-1), torch.ones_like(terms[:, 0]))
+        reached = torch.cat([torch.ones_like(terms[:, :1]), terms[:, :-1]], dim=-1) * valid
+        self.val_positional.update(terms, reached)
+        loss, _ = streak_loss(logits, targets, self.hparams.draft_temperature)
+        self.log("val/streak_loss", loss, batch_size=targets.shape[0])
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("val/streak", self.val_streak.compute(), prog_bar=True, sync_dist=False)
+        curve = self.val_positional.compute()
+        self.log_dict({f"val/gamma_{j + 1}": v for j, v in enumerate(curve.nan_to_num(0.0))})
+        self.val_streak.reset()
+        self.val_positional.reset()
+
+    def configure_optimizers(self):
+        params = [p for p in self.drafter_model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        if not self.hparams.warmup_steps:
+            return optimizer
+        warmup = self.hparams.warmup_steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------ export
+    def export(self, path: str | os.PathLike) -> None:
+        """Write a plain HF drafter directory (LoRA merged) that ``DiffusionDrafter.from_pretrained`` loads."""
+        model = self.drafter.model
+        if self.hparams.lora is not None:
+            model = copy.deepcopy(model).merge_and_unload()
+        exported = DiffusionDrafter(
+            model,
+            self.drafter.mask_token_id,
+            self.drafter.shift_logits,
+            max_prefix_tokens=self.drafter.max_prefix_tokens,
+        )
+        exported.save_pretrained(path)

@@ -1,0 +1,208 @@
+"""Corpus records, windows, the streaming DataModule (epochs, ranks, resume) and generate-corpus."""
+
+import json
+import logging
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from specdiff_lightning.data import (
+    CorpusError,
+    DistillationDataModule,
+    collate_windows,
+    cut_windows,
+    generate_corpus,
+    iter_records,
+    load_prompts,
+)
+from specdiff_lightning.models import tiny_model
+from specdiff_lightning.training import IGNORE_INDEX
+
+
+def _write_jsonl(path, records, extra_lines=()):
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        for line in extra_lines:
+            f.write(line + "\n")
+    return path
+
+
+def _records(n, seed=0):
+    rng = random.Random(seed)
+    return [
+        {
+            "id": f"r{i}",
+            "prompt_ids": [1, 2, rng.randrange(3, 9)],
+            "continuation_ids": [rng.randrange(3, 40) for _ in range(rng.randrange(4, 12))],
+        }
+        for i in range(n)
+    ]
+
+
+def test_bad_lines_are_reported_with_file_and_line(tmp_path, caplog):
+    path = _write_jsonl(
+        tmp_path / "c.jsonl",
+        _records(2),
+        [
+            '{"prompt_ids": [1, 2], "continuation_ids": [',
+            "",
+            '{"prompt": "x"}',
+            '{"continuation_ids": [1, -3]}',
+            '{"continuation_ids": []}',
+        ],
+    )
+    with caplog.at_level(logging.WARNING):
+        assert len(list(iter_records([str(path)], "skip"))) == 2
+    for lineno, what in [
+        (3, "malformed JSON"),
+        (4, "empty line"),
+        (5, "a record needs 'continuation_ids'"),
+        (6, "'prompt_ids' and 'continuation_ids' must be lists of non-negative ints"),
+        (7, "empty continuation"),
+    ]:
+        assert f"c.jsonl:{lineno}: {what}" in caplog.text
+    with pytest.raises(CorpusError, match=r"c.jsonl:3: malformed JSON"):
+        list(iter_records([str(path)], "raise"))
+
+
+def test_empty_or_missing_corpus_fails_before_training(tmp_path):
+    empty = _write_jsonl(tmp_path / "empty.jsonl", [], ["", "{broken"])
+    with pytest.raises(CorpusError, match="no usable records"):
+        DistillationDataModule(str(empty)).setup("fit")
+    with pytest.raises(CorpusError, match="does not exist"):
+        DistillationDataModule(str(tmp_path / "nope.jsonl")).setup("fit")
+    with pytest.raises(CorpusError, match="no corpus files match"):
+        DistillationDataModule(str(tmp_path / "*.parquet")).setup("fit")
+    with pytest.raises(CorpusError, match="no training corpus"):
+        DistillationDataModule().setup("fit")
+
+
+def test_text_records_need_a_tokenizer(tmp_path):
+    path = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": "hi", "continuation": "there"}])
+    with pytest.raises(CorpusError, match="need a tokenizer"):
+        DistillationDataModule(str(path)).setup("fit")
+
+
+def test_cut_windows_pads_short_windows_and_caps_prefix():
+    rng = random.Random(0)
+    windows = cut_windows([1, 2, 3], [10, 11, 12], gamma=4, num_windows=5, rng=rng, max_prefix_tokens=4)
+    assert len(windows) == 5  # more windows than offsets: drawn with replacement
+    for w in windows:
+        assert 1 <= len(w["prefix"]) <= 4 and len(w["targets"]) == 4
+        o = len([t for t in w["prefix"] if t >= 10])
+        assert w["targets"] == [10, 11, 12][o:] + [IGNORE_INDEX] * (4 - (3 - o))
+    assert cut_windows([], [5], 4, 2, rng) == []  # no non-empty prefix possible
+    batch = collate_windows(
+        [{"prefix": [1, 2], "targets": [3]}, {"prefix": [4], "targets": [5]}], pad_token_id=0
+    )
+    assert batch["prefix"].tolist() == [[1, 2], [0, 4]] and batch["prefix_mask"].tolist() == [[1, 1], [0, 1]]
+
+
+def _ids_of_epoch(loader, key="ids"):
+    return [i for batch in loader for i in batch[key]]
+
+
+def test_epochs_reshuffle_and_cover_every_record(tmp_path):
+    _write_jsonl(tmp_path / "a.jsonl", _records(30))
+    _write_jsonl(tmp_path / "b.jsonl", _records(10, seed=1)[:10])
+    dm = DistillationDataModule(str(tmp_path), gamma=4, windows_per_record=2, batch_size=4, shuffle_buffer=16)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    first, second = _ids_of_epoch(loader), _ids_of_epoch(loader)
+    assert len(first) == 2 * 40  # 40 records (ids repeat across the two files), 2 windows each
+    assert sorted(first) == sorted(second)
+    assert first != second  # set_epoch reshuffled
+
+
+def test_ranks_read_disjoint_equal_parts(tmp_path):
+    _write_jsonl(tmp_path / "a.jsonl", [dict(r, id=f"a{i}") for i, r in enumerate(_records(21))])
+    seen = []
+    for rank in range(2):
+        dm = DistillationDataModule(
+            str(tmp_path / "a.jsonl"), gamma=4, windows_per_record=3, batch_size=4, shuffle_buffer=8
+        )
+        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2)
+        dm.setup("fit")
+        seen.append(_ids_of_epoch(dm.train_dataloader(), "window_ids"))
+    assert len(seen[0]) == len(seen[1]) == 63 // 2  # 21 records x 3 windows: equal counts per rank
+    assert not set(seen[0]) & set(seen[1])  # no window read by both ranks
+    assert (
+        len(set(seen[0]) | set(seen[1])) == 62
+    )  # and only the one window that cannot be split evenly is left
+
+
+def test_resume_mid_epoch_continues_the_stream(tmp_path):
+    _write_jsonl(tmp_path / "a.jsonl", _records(40))
+    kwargs = dict(gamma=4, windows_per_record=2, batch_size=4, shuffle_buffer=8)
+    dm = DistillationDataModule(str(tmp_path / "a.jsonl"), **kwargs)
+    dm.setup("fit")
+    full = [b["window_ids"] for b in dm.train_dataloader()]
+    dm = DistillationDataModule(str(tmp_path / "a.jsonl"), **kwargs)
+    dm.setup("fit")
+    iterator = iter(dm.train_dataloader())
+    head = [next(iterator)["window_ids"] for _ in range(7)]
+    state = dm.state_dict()
+    resumed_dm = DistillationDataModule(str(tmp_path / "a.jsonl"), **kwargs)
+    resumed_dm.load_state_dict(state)
+    resumed_dm.setup("fit")
+    tail = [b["window_ids"] for b in resumed_dm.train_dataloader()]
+    assert head == full[:7]
+    flat_full = [i for b in full for i in b]
+    flat_resumed = [i for b in head + tail for i in b]
+    assert len(flat_resumed) == len(set(flat_resumed))  # nothing read twice
+    assert set(flat_resumed) <= set(flat_full)
+    assert len(flat_full) - len(flat_resumed) <= 8 * 2  # at most a shuffle buffer (x windows) skipped
+
+
+def test_generate_corpus_is_resumable_and_streams(tmp_path):
+    verifier = tiny_model("qwen2", vocab_size=32, seed=0)
+    prompts = [{"id": f"p{i}", "prompt_ids": [1 + i % 5, 2, 3]} for i in range(10)]
+    kwargs = dict(
+        num_continuations=2,
+        max_new_tokens=6,
+        batch_size=4,
+        prompts_per_shard=4,
+        val_fraction=0.3,
+        progress=False,
+    )
+    generate_corpus(verifier, prompts[:6], tmp_path / "c", **kwargs)  # an "interrupted" run: 6 prompts
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert len(manifest["done"]) == 6
+    generate_corpus(verifier, prompts, tmp_path / "c", **kwargs)  # resumes with the rest
+    records = list(iter_records(sorted(str(p) for p in (tmp_path / "c").glob("*.jsonl"))))
+    assert len(records) == 20 and len({r["id"] for r in records}) == 20
+    assert all(len(r["continuation_ids"]) == 6 and r["prompt_ids"][1:] == [2, 3] for r in records)
+    assert list((tmp_path / "c").glob("val-*")) and list((tmp_path / "c").glob("train-*"))
+    with pytest.raises(CorpusError, match="other settings"):
+        generate_corpus(verifier, prompts, tmp_path / "c", **dict(kwargs, num_continuations=3))
+    dm = DistillationDataModule(str(tmp_path / "c" / "train-*.jsonl"), gamma=4, batch_size=4)
+    dm.setup("fit")
+    assert next(iter(dm.train_dataloader()))["targets"].shape == (4, 4)
+
+
+def test_generate_corpus_parquet(tmp_path):
+    verifier = tiny_model("llama", vocab_size=32, seed=0)
+    generate_corpus(
+        verifier,
+        [{"id": "a", "prompt_ids": [1, 2]}],
+        tmp_path,
+        num_continuations=3,
+        max_new_tokens=4,
+        fmt="parquet",
+        progress=False,
+    )
+    records = list(iter_records([str(tmp_path / "train-00000.parquet")]))
+    assert len(records) == 3 and all(len(r["continuation_ids"]) == 4 for r in records)
+
+
+def test_load_prompts_errors(tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2]}\n{"nope": 1}\n')
+    with pytest.raises(CorpusError, match="p.jsonl:2: a prompt record needs"):
+        load_prompts(tmp_path / "p.jsonl")
+    (tmp_path / "t.txt").write_text("hello\n")
+    with pytest.raises(CorpusError, match="need a tokenizer"):
+        load_prompts(tmp_path / "t.txt")
+    (tmp_path / "ok.jsonl").write_text('{"id": "x", "prompt_ids": [4, 5]}\n\n')
+    assert load_prompts(tmp_path / "ok.jsonl") == [{"id": "x", "prompt_ids": [4, 5]}]

@@ -1,0 +1,125 @@
+"""Losses against brute-force enumeration on a tiny vocabulary."""
+
+import itertools
+
+import pytest
+import torch
+
+from specdiff_lightning.training import (
+    IGNORE_INDEX,
+    LOSSES,
+    ar_distillation_loss,
+    expected_streak_loss,
+    forward_kl_loss,
+    masked_ce_loss,
+    mdm_corrupt,
+    mdm_loss,
+    streak_loss,
+    tv_loss,
+)
+
+V, G = 3, 3
+
+
+def _verifier_table(seed):
+    """p(. | s ⊕ x_<k) for every prefix, as a dict prefix-tuple -> FloatTensor[V]."""
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        prefix: torch.softmax(2 * torch.randn(V, generator=gen, dtype=torch.float64), -1)
+        for k in range(G)
+        for prefix in itertools.product(range(V), repeat=k)
+    }
+
+
+def _path_logprobs(table, x):
+    return torch.stack([table[tuple(x[:k])].log() for k in range(G)])[None]  # [1, G, V]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("temperature", [1.0, 1.7])
+def test_streak_objective_expectations_agree_with_enumeration(seed, temperature):
+    table = _verifier_table(seed)
+    draft_logits = torch.randn(
+        1, G, V, generator=torch.Generator().manual_seed(100 + seed), dtype=torch.float64
+    )
+    q = torch.softmax(draft_logits[0] / temperature, -1)
+    sampled = rao_blackwell = 0.0
+    for x in itertools.product(range(V), repeat=G):
+        prob = 1.0
+        for k in range(G):
+            prob *= float(table[x[:k]][x[k]])
+        targets = torch.tensor([x])
+        sampled += prob * float(streak_loss(draft_logits, targets, temperature)[1])
+        rao_blackwell += prob * float(
+            expected_streak_loss(draft_logits, targets, _path_logprobs(table, x), temperature)[1]
+        )
+    # Expected accepted length of a draft y ~ prod_k q_k verified by greedy acceptance.
+    accepted = 0.0
+    for y in itertools.product(range(V), repeat=G):
+        qy = float(torch.prod(torch.stack([q[k, y[k]] for k in range(G)])))
+        streak, run = 0.0, 1.0
+        for k in range(G):
+            run *= float(table[y[:k]][y[k]])
+            streak += run
+        accepted += qy * streak
+    assert sampled == pytest.approx(accepted, rel=1e-9)
+    assert rao_blackwell == pytest.approx(accepted, rel=1e-9)
+
+
+def test_streak_loss_matches_its_definition_and_ignores_padding():
+    logits = torch.randn(2, 4, 5, dtype=torch.float64)
+    targets = torch.tensor([[1, 2, 3, 4], [0, 1, IGNORE_INDEX, IGNORE_INDEX]])
+    loss, streak = streak_loss(logits, targets)
+    q = torch.softmax(logits, -1)
+    expected0 = sum(
+        float(torch.prod(torch.stack([q[0, k, targets[0, k]] for k in range(j + 1)]))) for j in range(4)
+    )
+    expected1 = float(q[1, 0, 0]) + float(q[1, 0, 0] * q[1, 1, 1])
+    assert streak.tolist() == pytest.approx([expected0, expected1])
+    assert float(loss) == pytest.approx(-(expected0 + expected1) / 2)
+
+
+def test_gradients_finite_for_long_windows_with_tiny_probabilities():
+    logits = torch.full((2, 32, 50), -30.0)
+    logits[..., 0] = 30.0  # the targets below get probability ~e^-60
+    logits.requires_grad_(True)
+    targets = torch.randint(1, 50, (2, 32))
+    logp = torch.log_softmax(torch.randn(2, 32, 50), -1)
+    for name, (fn, needs_p) in LOSSES.items():
+        args = (logits, targets, logp) if needs_p else (logits, targets)
+        loss, streak = fn(*args)
+        (grad,) = torch.autograd.grad(loss, logits)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all() and torch.isfinite(streak).all(), name
+
+
+def test_ar_distillation_only_trains_the_first_position():
+    logits = torch.randn(1, 4, 6, requires_grad=True)
+    targets = torch.tensor([[1, 2, 3, 4]])
+    loss, streak = ar_distillation_loss(logits, targets)
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert grad[0, 0].abs().sum() > 0 and grad[0, 1:].abs().sum() == 0
+    assert float(streak) == pytest.approx(float(streak_loss(logits, targets)[1]))
+
+
+def test_baselines_vanish_at_a_perfect_drafter():
+    logp = torch.log_softmax(torch.randn(1, 3, 6, dtype=torch.float64), -1)
+    targets = torch.tensor([[0, 1, 2]])
+    assert float(tv_loss(logp, targets, logp)[0]) == pytest.approx(0.0, abs=1e-12)
+    assert float(forward_kl_loss(logp, targets, logp)[0]) == pytest.approx(0.0, abs=1e-12)
+    ce = masked_ce_loss(logp, targets)[0]
+    assert float(ce) == pytest.approx(-float(logp[0, [0, 1, 2], [0, 1, 2]].mean()))
+
+
+def test_mdm_loss_weights_masked_tokens_by_inverse_t():
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    noisy, masked, t = mdm_corrupt(tokens, mask_token_id=9, generator=torch.Generator().manual_seed(0))
+    assert ((noisy == 9) == masked).all() and 0 < float(t) <= 1
+    logits = torch.randn(1, 5, 10)
+    loss = mdm_loss(logits, tokens, masked, t, shift_logits=False)
+    ce = torch.nn.functional.cross_entropy(logits[0], tokens[0], reduction="none")
+    assert float(loss) == pytest.approx(float((ce * masked[0]).sum() / t / 5), rel=1e-5)
+    shifted = mdm_loss(logits, tokens, masked, t, shift_logits=True)
+    ce_s = torch.nn.functional.cross_entropy(logits[0, :-1], tokens[0, 1:], reduction="none")
+    assert float(shifted) == pytest.approx(float((ce_s * masked[0, 1:]).sum() / t / 4), rel=1e-5)
+    _, never, _ = mdm_corrupt(tokens, 9, valid=torch.zeros_like(tokens, dtype=torch.bool))
+    assert not never.any()
