@@ -21,7 +21,7 @@ import time
 
 import torch
 
-__all__ = ["main", "SpecDiffCLI"]
+__all__ = ["main", "build_parser"]
 
 LIGHTNING_COMMANDS = {"fit", "validate", "test", "predict", "generate-corpus", "generate_corpus", "export"}
 

@@ -81,38 +81,32 @@ def _generate(files: list[str], tokenizer: str | None, on_error: str) -> Iterato
 
 
 class _EpochStream(TorchIterableDataset):
-    """One pass per epoch over a ``datasets`` stream, with ``set_epoch`` called before each pass
-    (Lightning builds one iterator per epoch but never calls ``set_epoch`` on an iterable dataset),
-    at most ``limit`` items per pass (equal counts on every rank) and a resumable position."""
+    """One pass per epoch over a ``datasets`` stream: ``set_epoch`` before each pass (Lightning
+    builds one iterator per epoch but never calls ``set_epoch`` on an iterable dataset), at most
+    ``limit`` items (equal counts on every rank), and resumable: a pass can start after the first
+    ``skip`` items, which the deterministic order (seed, epoch) reproduces exactly."""
 
-    def __init__(self, stream: IterableDataset, limit: int, epoch: int = 0, state: dict | None = None):
+    def __init__(self, stream: IterableDataset, limit: int, epoch: int = 0, skip: int = 0):
         self.stream = stream
         self.limit = limit
         self.epoch = epoch
-        self._pending = state
+        self.skip = skip
         self.in_progress = False
         self.yielded = 0
 
     def __iter__(self):
         self.stream.set_epoch(self.epoch)
+        skip, self.skip = self.skip, 0
         self.yielded = 0
-        if self._pending is not None:
-            self.stream.load_state_dict(self._pending["stream"])
-            self.yielded = self._pending["yielded"]
-            self._pending = None
         self.in_progress = True
         for item in self.stream:
             if self.yielded >= self.limit:
                 break
             self.yielded += 1
-            yield item
+            if self.yielded > skip:
+                yield item
         self.in_progress = False
         self.epoch += 1
-
-    def state_dict(self) -> dict:
-        if not self.in_progress:
-            return {"epoch": self.epoch, "stream": None}
-        return {"epoch": self.epoch, "stream": {"stream": self.stream.state_dict(), "yielded": self.yielded}}
 
 
 class DistillationDataModule(L.LightningDataModule):
@@ -227,7 +221,7 @@ class DistillationDataModule(L.LightningDataModule):
         stream = self._records(self.train_files)
         if self.hparams.shuffle_buffer > 0:
             stream = stream.shuffle(seed=self.hparams.seed, buffer_size=self.hparams.shuffle_buffer)
-        holder = _EpochStream(stream, 0, self._resume.get("epoch", 0), self._resume.get("stream"))
+        holder = _EpochStream(stream, 0, self._resume.get("epoch", 0), self._resume.get("consumed", 0))
         self._resume = {}
         # Window offsets follow the epoch of the pass being read.
         stream = stream.map(
@@ -273,7 +267,18 @@ class DistillationDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict:
-        return {} if self._train is None else self._train.state_dict()
+        """The epoch and how many of its windows this rank has *trained on*: the loader prefetches
+        ahead, so the count comes from the trainer's batch progress, not from what was read."""
+        stream = self._train
+        if stream is None:
+            return {}
+        if not stream.in_progress:
+            return {"epoch": stream.epoch, "consumed": 0}
+        consumed = stream.yielded
+        if self.trainer is not None:
+            batches = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            consumed = min(consumed, batches * self.hparams.batch_size)
+        return {"epoch": stream.epoch, "consumed": consumed}
 
     def load_state_dict(self, state: dict) -> None:
         self._resume = dict(state)
