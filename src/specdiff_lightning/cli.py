@@ -5,6 +5,8 @@ Commands (LightningCLI: YAML configs with class_path/init_args, ``--print_config
   validate         validation streak length / positional acceptance of a drafter
   generate-corpus  sample verifier continuations of prompts into corpus shards (resumable)
   export           write the trained drafter (LoRA merged) as a Hugging Face directory
+  predict          self-selection speculative decoding of benchmark prompts -> JSONL + metrics
+  bench            every decoding method side by side -> bench.json, bench.md, plots
 Other commands:
   demo             decode with small models, every acceptance mode side by side
 
@@ -23,7 +25,16 @@ import torch
 
 __all__ = ["main", "build_parser"]
 
-LIGHTNING_COMMANDS = {"fit", "validate", "test", "predict", "generate-corpus", "generate_corpus", "export"}
+LIGHTNING_COMMANDS = {
+    "fit",
+    "validate",
+    "test",
+    "predict",
+    "bench",
+    "generate-corpus",
+    "generate_corpus",
+    "export",
+}
 
 
 def _lightning_cli(argv: list[str] | None):
@@ -31,7 +42,6 @@ def _lightning_cli(argv: list[str] | None):
     to the Trainer method ``generate_corpus``)."""
     from lightning.pytorch.cli import LightningCLI
 
-    from .data.datamodule import DistillationDataModule
     from .trainer import SpecDiffTrainer
     from .training.module import DrafterDistillation
 
@@ -41,11 +51,12 @@ def _lightning_cli(argv: list[str] | None):
             commands = LightningCLI.subcommands()
             commands["generate_corpus"] = {"model", "datamodule"}
             commands["export"] = {"model", "datamodule"}
+            commands["bench"] = {"model", "datamodule"}
             return commands
 
     return SpecDiffCLI(
         DrafterDistillation,
-        DistillationDataModule,
+        None,  # any LightningDataModule by class_path: DistillationDataModule, PromptDataModule
         trainer_class=SpecDiffTrainer,
         args=argv,
         save_config_kwargs={"overwrite": True},
@@ -116,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
-    for name in ("fit", "validate", "generate-corpus", "export"):
+    for name in ("fit", "validate", "predict", "bench", "generate-corpus", "export"):
         sub.add_parser(name, help=f"see `python -m specdiff_lightning {name} --help`", add_help=False)
     demo = sub.add_parser("demo", help="decode with small models; compare every mode with greedy decoding")
     demo.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")

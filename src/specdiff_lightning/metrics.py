@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torchmetrics import Metric
 
-__all__ = ["StreakLength", "PositionalAcceptance"]
+__all__ = ["StreakLength", "PositionalAcceptance", "Throughput", "Speedup"]
 
 
 class StreakLength(Metric):
@@ -100,3 +100,55 @@ class PositionalAcceptance(Metric):
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
         return fig, ax
+
+
+class Throughput(Metric):
+    """Mean per-sample throughput ``(new_tokens - 1) / seconds`` (App. B.5: the first token is
+    excluded because every method pays the prompt prefill for it). Read clocks with
+    :func:`~specdiff_lightning.decoding.timing.now` so device work is finished."""
+
+    full_state_update = False
+    higher_is_better = True
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, new_tokens: torch.Tensor | float, seconds: torch.Tensor | float) -> None:
+        rate = (torch.as_tensor(new_tokens, dtype=torch.float64) - 1).clamp_min(0) / torch.as_tensor(
+            seconds, dtype=torch.float64
+        )
+        self.total = self.total + rate.sum().to(self.total.device)
+        self.count = self.count + torch.as_tensor(rate.numel(), dtype=torch.float64, device=self.count.device)
+
+    def compute(self) -> torch.Tensor:
+        return self.total / self.count.clamp_min(1)
+
+
+class Speedup(Metric):
+    """Mean per-sample speed-up: throughput of the method over verifier-only decoding of the same
+    prompt with the same settings, measured side by side."""
+
+    full_state_update = False
+    higher_is_better = True
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, new_tokens, seconds, baseline_new_tokens, baseline_seconds) -> None:
+        def rate(n, t):
+            return (torch.as_tensor(n, dtype=torch.float64) - 1).clamp_min(0) / torch.as_tensor(
+                t, dtype=torch.float64
+            )
+
+        ratio = rate(new_tokens, seconds) / rate(baseline_new_tokens, baseline_seconds)
+        self.total = self.total + ratio.sum().to(self.total.device)
+        self.count = self.count + torch.as_tensor(
+            ratio.numel(), dtype=torch.float64, device=self.count.device
+        )
+
+    def compute(self) -> torch.Tensor:
+        return self.total / self.count.clamp_min(1)

@@ -64,6 +64,72 @@ class SpecDiffTrainer(L.Trainer):
             )
         print(f"corpus written to {out}")
 
+    def bench(
+        self,
+        model: L.LightningModule,
+        datamodule: L.LightningDataModule,
+        output_dir: str = "runs/bench",
+        kinds: list[str] | None = None,
+        sweep_num_drafts: list[int] | None = None,
+        sweep_draft_temperature: list[float] | None = None,
+        sweep_gamma: list[int] | None = None,
+        sweep_steps: list[int] | None = None,
+        warmup: int = 1,
+        profile: bool = False,
+        ar_drafter: str | None = None,
+        ar_drafter_kwargs: dict | None = None,
+        ckpt_path: str | None = None,
+    ) -> dict:
+        """Decode the data module's prompts with every method, side by side in this process.
+
+        Args:
+            output_dir: where ``bench.json``, ``bench.md`` and the plots go.
+            kinds: restrict to these method kinds (verifier, hf, hf_prompt_lookup, hf_assisted, sps, diffusion).
+            sweep_num_drafts, sweep_draft_temperature, sweep_gamma, sweep_steps: ablation sweeps of
+                SpecDiff-2 (greedy acceptance) over K, T, gamma and denoising steps.
+            warmup: prompts decoded once, untimed, before each method.
+            profile: split each round's time into draft, tree, verify, accept, cache; report the
+                loop overhead ``1 - (draft + verify) / round``.
+            ar_drafter: an AR drafter (directory/hub id or tiny preset) for SpS and HF assisted decoding.
+            ckpt_path: a ``fit`` checkpoint whose drafter weights to benchmark.
+        """
+        from .bench import default_methods, run_bench, sweep_methods, write_report
+        from .models.autoregressive import AutoregressiveDrafter
+        from .models.loading import load_verifier
+
+        _load_drafter_weights(model, ckpt_path)
+        device = self.strategy.root_device
+        model.to(device).eval()
+        datamodule.setup("predict")
+        cfg = model.decoding
+        ar = None
+        if ar_drafter is not None:
+            ar = AutoregressiveDrafter(load_verifier(ar_drafter, **(ar_drafter_kwargs or {})).to(device))
+        methods = default_methods(cfg, ar is not None) + sweep_methods(
+            cfg, sweep_num_drafts or [], sweep_draft_temperature or [], sweep_gamma or [], sweep_steps or []
+        )
+        if kinds:
+            methods = [m for m in methods if m.kind in kinds or m.kind == "verifier"]
+        report = run_bench(
+            model.verifier,
+            model.drafter,
+            datamodule.rows,
+            cfg,
+            methods,
+            ar_drafter=ar,
+            warmup=warmup,
+            profile=profile,
+            progress=self.progress_bar_callback is not None,
+        )
+        out = write_report(report, output_dir)
+        print((out / "bench.md").read_text())
+        different = [r["method"] for r in report["rows"] if r["identical_to_verifier"] is False]
+        if different:
+            raise RuntimeError(
+                f"at temperature 0 these methods did not reproduce the verifier's output: {different}"
+            )
+        return report
+
     def export(
         self,
         model: L.LightningModule,
@@ -72,8 +138,18 @@ class SpecDiffTrainer(L.Trainer):
         datamodule: L.LightningDataModule | None = None,
     ) -> None:
         """Write the drafter (LoRA merged) as a plain HF directory, from ``ckpt_path`` if given."""
-        if ckpt_path is not None:
-            state = torch.load(ckpt_path, map_location="cpu", weights_only=False)["state_dict"]
-            model.load_state_dict(state, strict=False)
+        _load_drafter_weights(model, ckpt_path)
         model.export(output_dir)
         print(f"drafter exported to {output_dir}")
+
+
+def _load_drafter_weights(model: L.LightningModule, ckpt_path: str | None) -> None:
+    if ckpt_path is None:
+        return
+    state = torch.load(ckpt_path, map_location="cpu", weights_only=False)["state_dict"]
+    missing = [k for k in state if k not in model.state_dict()]
+    if missing:
+        raise ValueError(
+            f"{ckpt_path} does not match this model (unexpected keys {missing[:3]}); same drafter config?"
+        )
+    model.load_state_dict(state, strict=False)

@@ -1,11 +1,16 @@
 """Data: distillation corpora (records, windows, the streaming DataModule, corpus generation)."""
 
+from .benchmarks import BENCHMARKS, load_benchmark
 from .corpus import generate_corpus, load_prompts
 from .datamodule import DistillationDataModule, tokenized_records
+from .prompts import PromptDataModule
 from .records import CorpusError, expand_files, iter_records
 from .windows import collate_windows, cut_windows
 
 __all__ = [
+    "BENCHMARKS",
+    "PromptDataModule",
+    "load_benchmark",
     "CorpusError",
     "DistillationDataModule",
     "collate_windows",

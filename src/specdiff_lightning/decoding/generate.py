@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -9,6 +12,7 @@ from .acceptance import AcceptanceRule, get_acceptance_rule
 from .drafting import Drafter
 from .sampling import logits_to_probs, sample_tokens
 from .stats import DecodingStats, GenerationOutput, RoundStats
+from .timing import RoundProfiler
 from .tree import build_tree, path_probs
 from .validation import check_context, check_prompt, check_sampling, check_vocab
 from .verifier import TreeVerifier
@@ -52,6 +56,8 @@ def speculative_generate(
     top_p: float | None = None,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
+    max_time: float | None = None,
+    profiler: RoundProfiler | None = None,
 ) -> GenerationOutput:
     """Losslessly decode ``verifier`` with drafts from ``drafter`` (SpecDiff-2, METHOD.md §2–4).
 
@@ -73,6 +79,8 @@ def speculative_generate(
             decoding. The output is distributed exactly as the verifier's own sampling with these.
         eos_token_id: stop after emitting any of these.
         generator: a ``torch.Generator`` on the models' device, for reproducible runs.
+        max_time: stop after the round during which this many seconds passed (time-budgeted decoding).
+        profiler: a :class:`RoundProfiler` to split each round's time into phases.
 
     Returns:
         :class:`GenerationOutput` with ``sequences[1, L + new]`` and per-round ``stats``.
@@ -101,38 +109,58 @@ def speculative_generate(
     new_tokens: list[int] = []
     device = input_ids.device
 
+    prof = profiler or _NullProfiler()
+    deadline = None if max_time is None else time.perf_counter() + max_time
     while len(new_tokens) < max_new_tokens:
-        # Each round emits up to window + 1 tokens; never draft past max_new_tokens.
-        window = min(gamma, max_new_tokens - len(new_tokens) - 1)
-        if window > 0:
-            prefix = torch.tensor([context], dtype=torch.long, device=device)
-            proposal = drafter.propose(prefix, gamma, num_drafts, draft_temperature, generator).truncate(
-                window
-            )
-            stats.drafter_calls += 1
-            if rule.needs_exact_q and not proposal.exact_q:
-                raise ValueError(
-                    f"acceptance={rule.name!r} needs drafts sampled from the q it is given, but this drafter's "
-                    f"proposal is not (e.g. multi-step denoising); use acceptance='greedy'"
-                )
-            drafts, q = proposal.tokens[0], proposal.probs[0]
-        else:
-            drafts = torch.empty(1, 0, dtype=torch.long, device=device)
-            q = torch.empty(1, 0, state.model.config.vocab_size, device=device)
-        tree = build_tree(state.pending, drafts)
-        p = path_probs(logits_to_probs(state.score(tree), temperature, top_k, top_p), tree)
-        verdict = rule.verify(drafts, q, p, generator)
-        k, a = verdict.draft_index, verdict.num_accepted
-        emitted = drafts[k, :a].tolist() + [verdict.next_token]
-        stats.rounds.append(RoundStats(window, a, a == window and window > 0, tree.size, k))
-        root = torch.zeros(1, dtype=torch.long, device=device)
-        state.commit(tree, torch.cat([root, tree.paths[k, :a]]), verdict.next_token)
-        for token in emitted:
-            new_tokens.append(token)
-            context.append(token)
-            if token in eos:
-                return _finish(input_ids, new_tokens, stats)
+        with prof.round():
+            # Each round emits up to window + 1 tokens; never draft past max_new_tokens.
+            window = min(gamma, max_new_tokens - len(new_tokens) - 1)
+            with prof.phase("draft"):
+                if window > 0:
+                    prefix = torch.tensor([context], dtype=torch.long, device=device)
+                    proposal = drafter.propose(
+                        prefix, gamma, num_drafts, draft_temperature, generator
+                    ).truncate(window)
+                    stats.drafter_calls += 1
+                    if rule.needs_exact_q and not proposal.exact_q:
+                        raise ValueError(
+                            f"acceptance={rule.name!r} needs drafts sampled from the q it is given, but this "
+                            f"drafter's proposal is not (e.g. multi-step denoising); use acceptance='greedy'"
+                        )
+                    drafts, q = proposal.tokens[0], proposal.probs[0]
+                else:
+                    drafts = torch.empty(1, 0, dtype=torch.long, device=device)
+                    q = torch.empty(1, 0, state.model.config.vocab_size, device=device)
+            with prof.phase("tree"):
+                tree = build_tree(state.pending, drafts)
+            with prof.phase("verify"):
+                logits = state.score(tree)
+            with prof.phase("accept"):
+                p = path_probs(logits_to_probs(logits, temperature, top_k, top_p), tree)
+                verdict = rule.verify(drafts, q, p, generator)
+            k, a = verdict.draft_index, verdict.num_accepted
+            with prof.phase("cache"):
+                root = torch.zeros(1, dtype=torch.long, device=device)
+                state.commit(tree, torch.cat([root, tree.paths[k, :a]]), verdict.next_token)
+            stats.rounds.append(RoundStats(window, a, a == window and window > 0, tree.size, k))
+            for token in drafts[k, :a].tolist() + [verdict.next_token]:
+                new_tokens.append(token)
+                context.append(token)
+                if token in eos:
+                    return _finish(input_ids, new_tokens, stats)
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
     return _finish(input_ids, new_tokens, stats)
+
+
+class _NullProfiler:
+    @contextmanager
+    def phase(self, name):
+        yield
+
+    @contextmanager
+    def round(self):
+        yield
 
 
 @torch.no_grad()
@@ -146,6 +174,7 @@ def verifier_generate(
     top_p: float | None = None,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
+    max_time: float | None = None,
 ) -> GenerationOutput:
     """Plain autoregressive decoding through the same cache code (root-only trees): the
     speed-up denominator. Arguments as :func:`speculative_generate`."""
@@ -156,7 +185,8 @@ def verifier_generate(
     empty = torch.empty(1, 0, dtype=torch.long, device=input_ids.device)
     root = torch.zeros(1, dtype=torch.long, device=input_ids.device)
     new_tokens: list[int] = []
-    while len(new_tokens) < max_new_tokens:
+    deadline = None if max_time is None else time.perf_counter() + max_time
+    while len(new_tokens) < max_new_tokens and (deadline is None or time.perf_counter() < deadline):
         tree = build_tree(state.pending, empty)
         probs = logits_to_probs(state.score(tree), temperature, top_k, top_p)
         token = int(sample_tokens(probs, generator))

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import copy
 import os
+import zlib
 from typing import Any
 
 import lightning as L
 import torch
 
-from ..decoding.validation import check_vocab
+from ..decoding.config import DecodingConfig
+from ..decoding.generate import speculative_generate, verifier_generate
+from ..decoding.timing import now
+from ..decoding.validation import check_tokenizers, check_vocab
 from ..metrics import PositionalAcceptance, StreakLength
 from ..models.diffusion import DiffusionDrafter
 from ..models.loading import load_drafter, load_verifier
@@ -40,6 +44,11 @@ class DrafterDistillation(L.LightningModule):
         lora: PEFT ``LoraConfig`` kwargs (e.g. ``{r: 16, lora_alpha: 32, target_modules: [q_proj, v_proj]}``);
             None trains all drafter weights.
         lr, weight_decay, warmup_steps: AdamW with linear warm-up.
+        decoding: settings for ``predict`` (self-selection speculative decoding).
+        baseline: in ``predict``, also time verifier-only decoding of each prompt (the speed-up
+            denominator, measured side by side).
+        tokenizer: the verifier's tokenizer (decodes completions; checked against
+            ``drafter_tokenizer`` when both are given).
     """
 
     def __init__(
@@ -56,6 +65,10 @@ class DrafterDistillation(L.LightningModule):
         lr: float = 3e-4,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
+        decoding: DecodingConfig | None = None,
+        baseline: bool = True,
+        tokenizer: str | None = None,
+        drafter_tokenizer: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -69,6 +82,14 @@ class DrafterDistillation(L.LightningModule):
         self.verifier = load_verifier(verifier, **(verifier_kwargs or {}))
         self.drafter = load_drafter(drafter, **(drafter_kwargs or {}))
         check_vocab(self.verifier, self.drafter.vocab_size)
+        self.decoding = decoding or DecodingConfig(gamma=gamma)
+        self.tokenizer = None
+        if tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            if drafter_tokenizer is not None:
+                check_tokenizers(self.tokenizer, AutoTokenizer.from_pretrained(drafter_tokenizer))
         if lora is not None:
             from peft import LoraConfig, get_peft_model
 
@@ -171,6 +192,61 @@ class DrafterDistillation(L.LightningModule):
         warmup = self.hparams.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------ predict
+    def on_predict_start(self) -> None:
+        self.eval()
+
+    def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
+        """Decode every prompt of the batch (one at a time for now); returns one row per prompt
+        with the completion, statistics and wall times (see ``JsonlPredictionWriter``)."""
+        cfg = self.decoding
+        eos = self.verifier.generation_config.eos_token_id
+        rows = []
+        for rid, ids, prompt in zip(batch["ids"], batch["input_ids"], batch["prompts"], strict=True):
+            ids = ids[None].to(self.device)
+            seed = cfg.seed + zlib.crc32(str(rid).encode())
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+            start = now(self.device)
+            out = speculative_generate(
+                self.verifier,
+                self.drafter,
+                ids,
+                **cfg.generate_kwargs(),
+                eos_token_id=eos,
+                generator=generator,
+            )
+            wall = now(self.device) - start
+            stats = out.stats
+            new = out.sequences[0, ids.shape[1] :].tolist()
+            row = {
+                "id": rid,
+                "prompt": prompt,
+                "completion": self.tokenizer.decode(new) if self.tokenizer is not None else new,
+                "new_tokens": stats.new_tokens,
+                "verifier_calls": stats.verifier_calls,
+                "accepted_tokens": stats.accepted_tokens,
+                "mean_accepted": stats.mean_accepted,
+                "position_accepted": stats.position_accepted.tolist(),
+                "position_reached": stats.position_reached.tolist(),
+                "wall_time": wall,
+                "baseline_wall_time": None,
+                "speedup": None,
+                "config_hash": cfg.config_hash(),
+            }
+            if self.hparams.baseline:
+                generator = torch.Generator(device=self.device).manual_seed(seed)
+                start = now(self.device)
+                base = verifier_generate(
+                    self.verifier, ids, **cfg.sampling_kwargs(), eos_token_id=eos, generator=generator
+                )
+                base_wall = now(self.device) - start
+                base_new = base.stats.new_tokens
+                row.update(baseline_wall_time=base_wall, baseline_new_tokens=base_new)
+                if stats.new_tokens > 1 and base_new > 1:
+                    row["speedup"] = ((stats.new_tokens - 1) / wall) / ((base_new - 1) / base_wall)
+            rows.append(row)
+        return rows
 
     # ------------------------------------------------------------------ export
     def export(self, path: str | os.PathLike) -> None:

@@ -1,0 +1,132 @@
+"""Benchmark prompts: MATH-500, HumanEval, GPQA, MT-Bench (METHOD.md §6).
+
+Each loads from a local ``.jsonl``/``.json``/``.parquet`` file (schema below) or, where a network
+exists, the hub dataset named in :data:`BENCHMARKS`. Every loader returns
+``[{"id", "prompt", "answer"?}]``; the chat template is applied later, by the tokenizer.
+
+Local schemas (the hub datasets' own columns):
+  math500:   ``unique_id``?, ``problem``, ``answer``
+  humaneval: ``task_id``, ``prompt``
+  gpqa:      ``Question``, ``Correct Answer``, ``Incorrect Answer 1..3``
+  mt_bench:  ``question_id``?, ``prompt`` (list of turns) or ``turns``; the first turn is used
+  prompts:   ``id``?, ``prompt`` (text) or ``prompt_ids`` (token ids): any custom prompt file
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .records import CorpusError
+
+__all__ = ["BENCHMARKS", "Benchmark", "load_benchmark"]
+
+
+def _math(row: dict, i: int) -> dict:
+    return {
+        "id": str(row.get("unique_id", i)),
+        "prompt": f"{row['problem']}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
+        "answer": str(row.get("answer", "")),
+    }
+
+
+def _humaneval(row: dict, i: int) -> dict:
+    return {
+        "id": str(row.get("task_id", i)),
+        "prompt": f"Complete the following Python function.\n```python\n{row['prompt']}```",
+    }
+
+
+def _gpqa(row: dict, i: int) -> dict:
+    choices = [
+        row["Correct Answer"],
+        row["Incorrect Answer 1"],
+        row["Incorrect Answer 2"],
+        row["Incorrect Answer 3"],
+    ]
+    order = list(range(4))
+    random.Random(i).shuffle(order)  # a fixed, per-question shuffle
+    letters = "ABCD"
+    options = "\n".join(f"({letters[j]}) {choices[k].strip()}" for j, k in enumerate(order))
+    return {
+        "id": str(row.get("Record ID", i)),
+        "prompt": f"{row['Question'].strip()}\n{options}\nAnswer with the letter of the correct option.",
+        "answer": letters[order.index(0)],
+    }
+
+
+def _mt_bench(row: dict, i: int) -> dict:
+    turns = row.get("prompt") or row.get("turns")
+    if isinstance(turns, str):
+        turns = [turns]
+    return {"id": str(row.get("question_id", i)), "prompt": turns[0]}
+
+
+def _prompts(row: dict, i: int) -> dict:
+    out = {"id": str(row.get("id", i))}
+    if "prompt_ids" in row:
+        out["prompt_ids"] = list(row["prompt_ids"])
+    else:
+        out["prompt"] = row["prompt"]
+    if "answer" in row:
+        out["answer"] = str(row["answer"])
+    return out
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    hub_name: str | None
+    split: str
+    convert: Callable[[dict, int], dict]
+    hub_config: str | None = None
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "math500": Benchmark("HuggingFaceH4/MATH-500", "test", _math),
+    "humaneval": Benchmark("openai/openai_humaneval", "test", _humaneval),
+    "gpqa": Benchmark("Idavidrein/gpqa", "train", _gpqa, "gpqa_diamond"),
+    "mt_bench": Benchmark("HuggingFaceH4/mt_bench_prompts", "train", _mt_bench),
+    "prompts": Benchmark(None, "train", _prompts),
+}
+
+
+def load_benchmark(name: str, path: str | None = None, limit: int | None = None) -> list[dict]:
+    """Load a benchmark's prompts from ``path`` (local file) or the hub."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; choose one of {sorted(BENCHMARKS)}")
+    spec = BENCHMARKS[name]
+    from datasets import load_dataset
+
+    if path is not None:
+        suffix = Path(path).suffix
+        if not Path(path).is_file():
+            raise CorpusError(f"benchmark file {path!r} does not exist")
+        kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(suffix)
+        if kind is None:
+            raise CorpusError(f"benchmark file {path!r}: use .jsonl, .json or .parquet")
+        rows = load_dataset(kind, data_files=str(path), split="train")
+    elif spec.hub_name is not None:
+        try:
+            rows = load_dataset(spec.hub_name, spec.hub_config, split=spec.split)
+        except Exception as err:  # no network, gated dataset, ...
+            raise CorpusError(
+                f"could not load {spec.hub_name!r} from the hub ({type(err).__name__}); download it where a "
+                f"network exists and pass its local file as `path` (schema in specdiff_lightning.data.benchmarks)"
+            ) from err
+    else:
+        raise CorpusError(f"benchmark {name!r} needs a local file: pass `path`")
+    out = []
+    for i, row in enumerate(rows):
+        if limit is not None and len(out) >= limit:
+            break
+        try:
+            out.append(spec.convert(row, i))
+        except (KeyError, TypeError, IndexError) as err:
+            raise CorpusError(
+                f"{path or spec.hub_name} row {i}: missing field {err} for benchmark {name!r}"
+            ) from None
+    if not out:
+        raise CorpusError(f"benchmark {name!r} ({path or spec.hub_name}) has no rows")
+    return out
