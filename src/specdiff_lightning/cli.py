@@ -7,6 +7,7 @@ Commands (LightningCLI: YAML configs with class_path/init_args, ``--print_config
   export           write the trained drafter (LoRA merged) as a Hugging Face directory
   predict          self-selection speculative decoding of benchmark prompts -> JSONL + metrics
   bench            every decoding method side by side -> bench.json, bench.md, plots
+  eval-budget      time-budgeted reasoning: accuracy vs thinking seconds, verifier vs SpecDiff-2
 Other commands:
   demo             decode with small models, every acceptance mode side by side
 
@@ -52,6 +53,7 @@ def _lightning_cli(argv: list[str] | None):
             commands["generate_corpus"] = {"model", "datamodule"}
             commands["export"] = {"model", "datamodule"}
             commands["bench"] = {"model", "datamodule"}
+            commands["eval_budget"] = {"model", "datamodule"}
             return commands
 
     return SpecDiffCLI(
@@ -127,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
-    for name in ("fit", "validate", "predict", "bench", "generate-corpus", "export"):
+    for name in ("fit", "validate", "predict", "bench", "eval-budget", "generate-corpus", "export"):
         sub.add_parser(name, help=f"see `python -m specdiff_lightning {name} --help`", add_help=False)
     demo = sub.add_parser("demo", help="decode with small models; compare every mode with greedy decoding")
     demo.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")

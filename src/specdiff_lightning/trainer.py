@@ -130,6 +130,43 @@ class SpecDiffTrainer(L.Trainer):
             )
         return report
 
+    def eval_budget(
+        self,
+        model: L.LightningModule,
+        datamodule: L.LightningDataModule,
+        budgets: list[float] | None = None,
+        output_dir: str = "runs/eval_budget",
+        answer_tokens: int = 32,
+        ckpt_path: str | None = None,
+    ) -> dict:
+        """Time-budgeted reasoning: accuracy vs thinking budget (seconds) for the verifier alone
+        and SpecDiff-2, on prompts with reference answers (e.g. MATH-500). Needs ``model.tokenizer``.
+
+        Args:
+            budgets: thinking budgets in seconds (default 1, 2, 4, 8).
+            answer_tokens: tokens decoded for the answer after "time is up".
+        """
+        from .budget import run_budget_eval, write_budget_report
+
+        if model.tokenizer is None:
+            raise ValueError("eval-budget appends text to the chain of thought: set model.tokenizer")
+        _load_drafter_weights(model, ckpt_path)
+        model.to(self.strategy.root_device).eval()
+        datamodule.setup("predict")
+        report = run_budget_eval(
+            model.verifier,
+            model.drafter,
+            model.tokenizer,
+            datamodule.rows,
+            budgets or [1.0, 2.0, 4.0, 8.0],
+            model.decoding,
+            answer_tokens=answer_tokens,
+            progress=self.progress_bar_callback is not None,
+        )
+        out = write_budget_report(report, output_dir)
+        print((out / "eval_budget.md").read_text())
+        return report
+
     def export(
         self,
         model: L.LightningModule,
