@@ -217,7 +217,7 @@ def test_cli_predict_and_bench(tmp_path, monkeypatch):
         "configs/tiny_predict.yaml",
         "--data.init_args.limit",
         "2",
-        "--model.decoding.max_new_tokens",
+        "--model.init_args.decoding.max_new_tokens",
         "12",
     ]
     main(["predict", *common, "--trainer.enable_progress_bar", "false"])

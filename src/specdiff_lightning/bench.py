@@ -23,7 +23,14 @@ from .decoding.generate import speculative_generate, verifier_generate
 from .decoding.timing import RoundProfiler, now
 from .models.autoregressive import AutoregressiveDrafter
 
-__all__ = ["BenchMethod", "default_methods", "sweep_methods", "run_bench", "write_report"]
+__all__ = [
+    "BenchMethod",
+    "default_methods",
+    "extra_drafter_methods",
+    "sweep_methods",
+    "run_bench",
+    "write_report",
+]
 
 
 @dataclass
@@ -40,6 +47,7 @@ class BenchMethod:
     decoding: dict = field(default_factory=dict)
     sweep: str | None = None  # which ablation this row belongs to (num_drafts, gamma, ...)
     steps: int | None = None  # denoising steps override (diffusion)
+    drafter: str | None = None  # an extra drafter's name (run_bench(extra_drafters=...)); None: the main one
 
 
 def default_methods(cfg: DecodingConfig, with_ar: bool) -> list[BenchMethod]:
@@ -213,6 +221,7 @@ def run_bench(
     methods: list[BenchMethod],
     *,
     ar_drafter: AutoregressiveDrafter | None = None,
+    extra_drafters: dict | None = None,
     warmup: int = 1,
     profile: bool = False,
     progress: bool = True,
@@ -228,10 +237,11 @@ def run_bench(
         if method.kind in ("sps", "hf_assisted") and ar_drafter is None:
             continue
         profiler = RoundProfiler(device) if profile and method.kind in ("sps", "diffusion") else None
-        run = _runner(method, verifier, drafter, ar_drafter, mcfg, eos, None)
+        method_drafter = drafter if method.drafter is None else (extra_drafters or {})[method.drafter]
+        run = _runner(method, verifier, method_drafter, ar_drafter, mcfg, eos, None)
         for p in prompts[:warmup]:
             run(torch.tensor([p["prompt_ids"]], device=device), mcfg.seed)
-        run = _runner(method, verifier, drafter, ar_drafter, mcfg, eos, profiler)
+        run = _runner(method, verifier, method_drafter, ar_drafter, mcfg, eos, profiler)
         samples = []
         for p in prompts:
             ids = torch.tensor([p["prompt_ids"]], device=device)
@@ -272,6 +282,7 @@ def _row(method, cfg, prompts, samples, baseline, identical, profiler) -> dict:
         "kind": method.kind,
         "sweep": method.sweep,
         "settings": {**method.decoding, **({"steps": method.steps} if method.steps else {})},
+        "drafter": method.drafter,
         "num_drafts": cfg.num_drafts,
         "gamma": cfg.gamma,
         "draft_temperature": cfg.draft_temperature,
@@ -352,6 +363,7 @@ def _plots(report: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in report["rows"] if r.get("positional_acceptance") and r["sweep"] is None]
+    rows = [r for r in rows if not r["method"].startswith("SpecDiff-2 (K=1")] or rows
     if rows:
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for r in rows:

@@ -78,6 +78,7 @@ class SpecDiffTrainer(L.Trainer):
         profile: bool = False,
         ar_drafter: str | None = None,
         ar_drafter_kwargs: dict | None = None,
+        extra_drafters: dict[str, str] | None = None,
         ckpt_path: str | None = None,
     ) -> dict:
         """Decode the data module's prompts with every method, side by side in this process.
@@ -91,11 +92,13 @@ class SpecDiffTrainer(L.Trainer):
             profile: split each round's time into draft, tree, verify, accept, cache; report the
                 loop overhead ``1 - (draft + verify) / round``.
             ar_drafter: an AR drafter (directory/hub id or tiny preset) for SpS and HF assisted decoding.
+            extra_drafters: more drafters to compare (name -> directory), e.g. the undistilled one;
+                each gets a K=1 and a K=8 SpecDiff-2 row.
             ckpt_path: a ``fit`` checkpoint whose drafter weights to benchmark.
         """
-        from .bench import default_methods, run_bench, sweep_methods, write_report
+        from .bench import default_methods, extra_drafter_methods, run_bench, sweep_methods, write_report
         from .models.autoregressive import AutoregressiveDrafter
-        from .models.loading import load_verifier
+        from .models.loading import load_drafter, load_verifier
 
         _load_drafter_weights(model, ckpt_path)
         device = self.strategy.root_device
@@ -108,6 +111,12 @@ class SpecDiffTrainer(L.Trainer):
         methods = default_methods(cfg, ar is not None) + sweep_methods(
             cfg, sweep_num_drafts or [], sweep_draft_temperature or [], sweep_gamma or [], sweep_steps or []
         )
+        extras = {}
+        for name, path in (extra_drafters or {}).items():
+            extra = load_drafter(path, max_prefix_tokens=model.drafter.max_prefix_tokens)
+            extra.model.to(device).eval()
+            extras[name] = extra
+            methods += extra_drafter_methods(name, cfg)
         if kinds:
             methods = [m for m in methods if m.kind in kinds or m.kind == "verifier"]
         report = run_bench(

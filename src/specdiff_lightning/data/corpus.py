@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from pathlib import Path
 
 import torch
@@ -157,8 +156,8 @@ def generate_corpus(
 ) -> Path:
     """Sample ``num_continuations`` verifier continuations per prompt and write shards.
 
-    Writes ``train-NNNNN.<fmt>`` (and ``val-NNNNN.<fmt>`` for a deterministic ``val_fraction`` of the
-    prompts, chosen by id) plus ``manifest.json``. Returns the output directory.
+    Writes ``train-NNNNN.<fmt>`` (and ``val-NNNNN.<fmt>`` for ``ceil(val_fraction * N)`` prompts,
+    chosen by id hash) plus ``manifest.json``. Returns the output directory.
     """
     if fmt not in ("jsonl", "parquet"):
         raise ValueError(f"fmt must be 'jsonl' or 'parquet', got {fmt!r}")
@@ -203,7 +202,7 @@ def generate_corpus(
                 verifier, batch, num_continuations, max_new_tokens, eos_token_id, pad, temperature
             )
             for i, prompt in enumerate(batch):
-                is_val = zlib.crc32(prompt["id"].encode()) % 10_000 < val_fraction * 10_000
+                is_val = prompt["id"] in val_ids
                 for c in range(num_continuations):
                     cont = conts[i * num_continuations + c]
                     record = {

@@ -60,7 +60,8 @@ class TreeVerifier:
             use_cache=True,
         )
         self.forward_calls += 1
-        return out.logits[0]
+        # A verifier split across devices (device_map) returns logits on its last device.
+        return out.logits[0].to(tree.tokens.device)
 
     def commit(self, tree: DraftTree, kept_nodes: torch.Tensor, next_token: int) -> None:
         """Keep only ``kept_nodes`` (root first, then the accepted path, increasing) of the tree just
@@ -71,7 +72,7 @@ class TreeVerifier:
         for layer in self.cache.layers:
             if not contiguous:
                 # Gather the accepted path right after the prefix; the RHS is a copy, so overlap is safe.
-                index = start + kept_nodes
+                index = (start + kept_nodes).to(layer.keys.device)
                 layer.keys[..., start : start + kept, :] = layer.keys[..., index, :]
                 layer.values[..., start : start + kept, :] = layer.values[..., index, :]
             layer.keys = layer.keys[..., : start + kept, :]

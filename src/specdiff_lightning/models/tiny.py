@@ -16,27 +16,49 @@ def _common(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, 
     return dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
+        intermediate_size=kw.pop("intermediate_size", hidden_size * 2),
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
-        num_key_value_heads=max(1, num_heads // 2),
+        num_key_value_heads=kw.pop("num_key_value_heads", max(1, num_heads // 2)),
         max_position_embeddings=max_positions,
         tie_word_embeddings=kw.pop("tie_word_embeddings", False),
         **kw,
     )
 
 
-def _build(cls, config, seed: int, dtype: torch.dtype, attn_implementation: str) -> PreTrainedModel:
+def _build(
+    cls, config, seed: int, dtype: torch.dtype, attn_implementation: str, logit_scale: float
+) -> PreTrainedModel:
     config._attn_implementation = attn_implementation
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(config)
-        if config.initializer_range < 0.5:
+        if logit_scale != 1.0 and not config.tie_word_embeddings:
             # Random tiny models at the default init are nearly uniform; widen the logits so greedy
-            # decoding and acceptance have real structure to get right.
+            # decoding and acceptance have real structure to get right (1.0 for models to train).
             with torch.no_grad():
-                model.lm_head.weight.mul_(8.0)
+                model.lm_head.weight.mul_(logit_scale)
     return model.to(dtype).eval()
+
+
+def _tiny(
+    cls,
+    config_cls,
+    vocab_size,
+    hidden_size,
+    num_layers,
+    num_heads,
+    max_positions,
+    seed,
+    dtype,
+    attn_implementation,
+    logit_scale,
+    config_kwargs,
+) -> PreTrainedModel:
+    config = config_cls(
+        **_common(vocab_size, hidden_size, num_layers, num_heads, max_positions, **config_kwargs)
+    )
+    return _build(cls, config, seed, dtype, attn_implementation, logit_scale)
 
 
 def tiny_qwen2(
@@ -48,13 +70,26 @@ def tiny_qwen2(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "sdpa",
+    logit_scale: float = 8.0,
     **config_kwargs,
 ) -> Qwen2ForCausalLM:
-    """A randomly initialised ``Qwen2ForCausalLM`` of the given size."""
-    config = Qwen2Config(
-        **_common(vocab_size, hidden_size, num_layers, num_heads, max_positions, **config_kwargs)
+    """A randomly initialised ``Qwen2ForCausalLM``; ``config_kwargs`` go to ``Qwen2Config``
+    (``intermediate_size``, ``eos_token_id``, ...). ``logit_scale`` sharpens random output layers
+    (use 1.0 for a model that will be trained)."""
+    return _tiny(
+        Qwen2ForCausalLM,
+        Qwen2Config,
+        vocab_size,
+        hidden_size,
+        num_layers,
+        num_heads,
+        max_positions,
+        seed,
+        dtype,
+        attn_implementation,
+        logit_scale,
+        config_kwargs,
     )
-    return _build(Qwen2ForCausalLM, config, seed, dtype, attn_implementation)
 
 
 def tiny_llama(
@@ -66,13 +101,24 @@ def tiny_llama(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "sdpa",
+    logit_scale: float = 8.0,
     **config_kwargs,
 ) -> LlamaForCausalLM:
-    """A randomly initialised ``LlamaForCausalLM`` of the given size."""
-    config = LlamaConfig(
-        **_common(vocab_size, hidden_size, num_layers, num_heads, max_positions, **config_kwargs)
+    """A randomly initialised ``LlamaForCausalLM`` (arguments as :func:`tiny_qwen2`)."""
+    return _tiny(
+        LlamaForCausalLM,
+        LlamaConfig,
+        vocab_size,
+        hidden_size,
+        num_layers,
+        num_heads,
+        max_positions,
+        seed,
+        dtype,
+        attn_implementation,
+        logit_scale,
+        config_kwargs,
     )
-    return _build(LlamaForCausalLM, config, seed, dtype, attn_implementation)
 
 
 def tiny_model(arch: str, **kwargs) -> PreTrainedModel:

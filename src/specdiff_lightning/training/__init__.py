@@ -13,8 +13,11 @@ from .losses import (
     tv_loss,
 )
 from .module import DrafterDistillation
+from .pretraining import CausalLMPretraining, MaskedDiffusionPretraining
 
 __all__ = [
+    "CausalLMPretraining",
+    "MaskedDiffusionPretraining",
     "DrafterDistillation",
     "IGNORE_INDEX",
     "LOSSES",

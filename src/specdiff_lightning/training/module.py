@@ -79,7 +79,13 @@ class DrafterDistillation(L.LightningModule):
         if gamma < 1:
             raise ValueError(f"gamma must be >= 1, got {gamma}")
         self.loss_fn, self.needs_verifier_probs = LOSSES[loss]
-        self.verifier = load_verifier(verifier, **(verifier_kwargs or {}))
+        verifier_model = load_verifier(verifier, **(verifier_kwargs or {}))
+        if getattr(verifier_model, "hf_device_map", None):
+            # Placed across devices by accelerate (device_map): keep it out of the module tree so
+            # Lightning never moves it; it is frozen and never checkpointed anyway.
+            object.__setattr__(self, "verifier", verifier_model)
+        else:
+            self.verifier = verifier_model
         self.drafter = load_drafter(drafter, **(drafter_kwargs or {}))
         check_vocab(self.verifier, self.drafter.vocab_size)
         self.decoding = decoding or DecodingConfig(gamma=gamma)

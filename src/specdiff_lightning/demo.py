@@ -1,0 +1,261 @@
+"""``make demo``: the built-in CPU pair end to end, from a fresh clone.
+
+Stages (each reused when its output exists):
+  1. prepare    stdlib corpus split by module, held-out function prompts, distillation prompts
+  2. verifier   shipped in ``assets/demo/verifier`` (reproduce: ``configs/demo/verifier.yaml``)
+  3. ar_drafter AR pretraining of a small Qwen2 (SpS baseline; initialises the diffusion drafter)
+  4. drafter_base  AR -> masked-diffusion adaptation with the MDM loss (the undistilled drafter)
+  5. corpus     the verifier's continuations of train snippets (``generate-corpus``)
+  6. drafter    streak-distillation of the diffusion drafter against the verifier
+  7. bench      every method side by side on held-out prompts -> bench.json, bench.md, plots
+Every training stage is a ``fit`` of a config in ``configs/demo/`` (copied, with the run's paths
+and step counts, into ``<root>/configs/`` so the exact recipe is on disk next to its output).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["run_demo", "prepare_demo_data", "PRESETS", "ASSETS", "check_targets"]
+
+ASSETS = Path("assets/demo")
+CONFIGS = Path("configs/demo")
+
+
+@dataclass(frozen=True)
+class Preset:
+    root: str
+    ar_steps: int
+    mdm_steps: int
+    distill_steps: int
+    distill_prompts: int
+    bench_prompts: int
+    max_new_tokens: int
+    sweep_num_drafts: str
+    sweep_gamma: str
+
+
+PRESETS = {
+    "full": Preset("runs/demo", 300, 300, 300, 384, 12, 96, "[1, 2, 4, 8]", "[2, 4, 8]"),
+    "smoke": Preset("runs/demo-smoke", 3, 3, 3, 8, 2, 12, "[1, 2]", "[2]"),
+}
+
+
+def _tokenizer_dir(root: Path, assets: Path = ASSETS) -> Path:
+    return assets / "tokenizer" if (assets / "tokenizer" / "tokenizer.json").exists() else root / "tokenizer"
+
+
+def prepare_demo_data(
+    root: str | Path,
+    train_new_tokenizer: bool = False,
+    distill_prompts: int = 384,
+    seed: int = 0,
+    assets: Path = ASSETS,
+) -> dict:
+    """Corpus split, tokenizer (the shipped one unless asked), and distillation prompts: snippets
+    of 16-64 tokens cut at random points of train-split modules."""
+    from transformers import AutoTokenizer
+
+    from .data.stdlib import build_stdlib_corpus, train_tokenizer
+
+    root = Path(root)
+    data = root / "data"
+    counts = {}
+    if not (data / "prompts.jsonl").exists():
+        counts = build_stdlib_corpus(data)
+    tok_dir = root / "tokenizer" if train_new_tokenizer else _tokenizer_dir(root, assets)
+    if not (tok_dir / "tokenizer.json").exists():
+        train_tokenizer(data / "train.jsonl", tok_dir)
+    out = data / "distill_prompts.jsonl"
+    if not out.exists():
+        tok = AutoTokenizer.from_pretrained(tok_dir)
+        rng = random.Random(seed)
+        sources = [json.loads(line)["continuation"] for line in open(data / "train.jsonl")]
+        with open(out.with_suffix(".tmp"), "w") as f:
+            for i in range(distill_prompts):
+                ids = tok(rng.choice(sources), add_special_tokens=False)["input_ids"]
+                length = rng.randint(16, 64)
+                start = rng.randrange(0, max(1, len(ids) - length))
+                f.write(json.dumps({"id": f"s{i}", "prompt_ids": ids[start : start + length]}) + "\n")
+        out.with_suffix(".tmp").replace(out)
+    counts["tokenizer"] = str(tok_dir)
+    return counts
+
+
+def _config(name: str, root: Path, tokenizer: Path, assets: Path) -> str:
+    """The stage's config with this run's paths, saved under ``<root>/configs``."""
+    text = (CONFIGS / name).read_text().replace("runs/demo", str(root))
+    text = text.replace("assets/demo/tokenizer", str(tokenizer)).replace("assets/demo", str(assets))
+    path = root / "configs" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+def _banner(text: str) -> None:
+    print(f"\n=== {text} ===", flush=True)
+
+
+def _fit_and_export(config: str, out: Path, steps: int, extra: list[str] = ()) -> None:
+    from .cli import run_cli
+
+    cli = run_cli(["fit", "--config", config, "--trainer.max_steps", str(steps), *extra])
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cli.model.export(tmp)
+    tmp.rename(out)  # a stage counts as finished only once its export is complete
+
+
+def run_demo(
+    preset: str = "full", root: str | None = None, force_bench: bool = False, assets: str | Path = ASSETS
+) -> int:
+    from .cli import run_cli
+
+    p = PRESETS[preset]
+    root = Path(root or p.root)
+    assets_dir = Path(assets)
+    start = time.perf_counter()
+    if not (assets_dir / "verifier" / "config.json").exists():
+        raise SystemExit(
+            f"the built-in verifier is missing ({assets_dir / 'verifier'}): run `make demo` from the repository root, or "
+            f"rebuild it with configs/demo/verifier.yaml (see the commands at its top)"
+        )
+    _banner("1/7 prepare: stdlib corpus, tokenizer, prompts")
+    print(prepare_demo_data(root, distill_prompts=p.distill_prompts, assets=assets_dir))
+    tokenizer = _tokenizer_dir(root, assets_dir)
+    steps = {"ar_drafter": p.ar_steps, "drafter_base": p.mdm_steps, "drafter": p.distill_steps}
+    total = {"ar_drafter": "--model.init_args.total_steps", "drafter_base": "--model.init_args.total_steps"}
+    for i, (stage, config, what) in enumerate(
+        [
+            ("ar_drafter", "ar_drafter.yaml", "AR drafter pretraining"),
+            ("drafter_base", "drafter_mdm.yaml", "AR -> diffusion adaptation (MDM loss)"),
+        ],
+        start=3,
+    ):
+        _banner(f"{i}/7 {stage}: {what}")
+        if (root / stage / "config.json").exists():
+            print(f"reusing {root / stage}")
+            continue
+        _fit_and_export(
+            _config(config, root, tokenizer, assets_dir),
+            root / stage,
+            steps[stage],
+            [total[stage], str(steps[stage])],
+        )
+    _banner("5/7 corpus: verifier continuations at temperature 1.0")
+    distill = _config("distill.yaml", root, tokenizer, assets_dir)
+    run_cli(
+        [
+            "generate-corpus",
+            "--config",
+            distill,
+            "--prompts",
+            str(root / "data" / "distill_prompts.jsonl"),
+            "--output_dir",
+            str(root / "corpus"),
+            "--num_continuations",
+            "2",
+            "--max_new_tokens",
+            "64",
+            "--batch_size",
+            "32",
+            "--val_fraction",
+            "0.1",
+        ]
+    )
+    _banner("6/7 drafter: streak-distillation")
+    if (root / "drafter" / "config.json").exists():
+        print(f"reusing {root / 'drafter'}")
+    else:
+        _fit_and_export(distill, root / "drafter", steps["drafter"])
+    _banner("7/7 bench: held-out prompts, every method side by side")
+    if (root / "bench.json").exists() and not force_bench:
+        print(f"reusing {root / 'bench.json'} (--force-bench reruns it)")
+        print((root / "bench.md").read_text())
+    else:
+        run_cli(
+            [
+                "bench",
+                "--config",
+                _config("bench.yaml", root, tokenizer, assets_dir),
+                "--data.init_args.limit",
+                str(p.bench_prompts),
+                "--model.init_args.decoding.max_new_tokens",
+                str(p.max_new_tokens),
+                "--sweep_num_drafts",
+                p.sweep_num_drafts,
+                "--sweep_gamma",
+                p.sweep_gamma,
+            ]
+        )
+    report = json.loads((root / "bench.json").read_text())
+    targets = check_targets(report)
+    (root / "targets.md").write_text(targets)
+    print(targets)
+    print(f"demo finished in {time.perf_counter() - start:.0f} s; outputs in {root}/")
+    return 0
+
+
+def _row(report: dict, prefix: str) -> dict | None:
+    return next((r for r in report["rows"] if r["method"].startswith(prefix)), None)
+
+
+def check_targets(report: dict) -> str:
+    """The issue's four targets, measured from one bench run."""
+    rows = report["rows"]
+    verifier = _row(report, "verifier (ours)")
+    k1 = _row(report, "SpecDiff-2 (K=1, greedy)")
+    k1_base = next((r for r in rows if r["method"].startswith("SpecDiff-2 (K=1, greedy, undistilled")), None)
+    k8 = next(
+        (
+            r
+            for r in rows
+            if r["sweep"] is None
+            and r["drafter"] is None
+            and r["num_drafts"] >= 8
+            and r["acceptance"] == "greedy"
+        ),
+        None,
+    )
+    assisted = _row(report, "HF assisted")
+    ours = [r for r in rows if r["kind"] == "diffusion" and r["drafter"] is None]
+    best = max(ours, key=lambda r: r["tokens_per_s"]) if ours else None
+    lines = ["## Targets (one bench run)", ""]
+
+    def line(name, ok, text):
+        lines.append(f"- [{'x' if ok else ' '}] {name}: {text}")
+
+    same = all(r["identical_to_verifier"] is not False for r in rows)
+    line(
+        "lossless", same, "every method's temperature-0 output equals the verifier's" if same else "MISMATCH"
+    )
+    if k1 and k1_base:
+        ratio = k1["mean_accepted"] / max(k1_base["mean_accepted"], 1e-9)
+        line(
+            "streak-distillation >= 1.3x",
+            ratio >= 1.3,
+            f"K=1 accepted/call {k1['mean_accepted']:.2f} vs undistilled {k1_base['mean_accepted']:.2f} = {ratio:.2f}x",
+        )
+    if k1 and k8:
+        ratio = k8["mean_accepted"] / max(k1["mean_accepted"], 1e-9)
+        line(
+            f"self-selection K={k8['num_drafts']}, T={k8['draft_temperature']} >= 1.15x",
+            ratio >= 1.15,
+            f"accepted/call {k8['mean_accepted']:.2f} vs K=1 {k1['mean_accepted']:.2f} = {ratio:.2f}x",
+        )
+    if best and verifier:
+        ratio = best["tokens_per_s"] / verifier["tokens_per_s"]
+        text = f"best SpecDiff-2 ({best['method']}) {best['tokens_per_s']:.1f} tok/s vs verifier {verifier['tokens_per_s']:.1f} = {ratio:.2f}x"
+        line("speed >= 1.5x verifier-only", ratio >= 1.5, text)
+        if assisted:
+            line(
+                "faster than HF assisted",
+                best["tokens_per_s"] > assisted["tokens_per_s"],
+                f"{best['tokens_per_s']:.1f} vs {assisted['tokens_per_s']:.1f} tok/s",
+            )
+    return "\n".join(lines) + "\n"

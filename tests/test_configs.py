@@ -1,0 +1,97 @@
+"""Every shipped config parses and instantiates (model, data module, trainer) through LightningCLI,
+with tiny models of the same classes swapped in for checkpoints that need downloads or GPUs."""
+
+import copy
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+import yaml
+from lightning.pytorch.cli import LightningCLI
+
+from specdiff_lightning.models import DRAFTER_FAMILIES
+from specdiff_lightning.trainer import SpecDiffTrainer
+
+ROOT = Path(__file__).parents[1]
+CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml"))
+MODEL_CONFIGS = [p for p in CONFIGS if "model" in (yaml.safe_load(p.read_text()) or {})]
+BENCH_LAYERS = [p for p in CONFIGS if p not in MODEL_CONFIGS]
+TOKENIZER = str(ROOT / "assets" / "demo" / "tokenizer")
+
+
+def _arch(spec: str) -> str:
+    return "llama" if "llama" in spec.lower() else "qwen2"
+
+
+def _tiny_kwargs(kwargs: dict | None, vocab: int) -> dict:
+    kwargs = dict(kwargs or {})
+    for key in ("device_map", "dtype", "attn_implementation", "family"):
+        kwargs.pop(key, None)
+    kwargs["tiny"] = {"vocab_size": vocab, "hidden_size": 32, "num_layers": 1}
+    return kwargs
+
+
+def _shrink(config: dict) -> dict:
+    """Swap checkpoints for tiny same-class models and GPU settings for CPU ones."""
+    config = copy.deepcopy(config)
+    init = config["model"].setdefault("init_args", {})
+    cls = config["model"]["class_path"]
+    if cls.endswith("DrafterDistillation"):
+        family = (init.get("drafter_kwargs") or {}).get("family")
+        if family is not None:
+            assert family in DRAFTER_FAMILIES
+        init["verifier_kwargs"] = _tiny_kwargs(init.get("verifier_kwargs"), 64)
+        init["drafter_kwargs"] = _tiny_kwargs(init.get("drafter_kwargs"), 64)
+        init["verifier"] = f"tiny-{_arch(init.get('verifier', 'tiny-qwen2'))}"
+        init["drafter"] = f"tiny-{_arch(init.get('drafter', 'tiny-qwen2') + init.get('verifier', ''))}"
+        init["tokenizer"] = init["drafter_tokenizer"] = None
+    else:  # pretraining modules: the shipped tokenizer, a new small model
+        init["tokenizer"] = TOKENIZER
+        init.pop("init_from", None)
+        init["model"] = {"hidden_size": 32, "num_layers": 1, "num_heads": 2}
+    data = config.get("data", {}).get("init_args", {})
+    if "tokenizer" in data:
+        data["tokenizer"] = None
+    trainer = config.setdefault("trainer", {})
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, dict):  # the strategy class and its wrap policies must exist
+        module, _, name = strategy["class_path"].rpartition(".")
+        assert hasattr(importlib.import_module(module), name)
+        for layer in strategy.get("init_args", {}).get("auto_wrap_policy", []):
+            module, _, name = layer.rpartition(".")
+            assert hasattr(importlib.import_module(module), name), layer
+    trainer.update(accelerator="cpu", devices=1, strategy="auto", precision="32-true", logger=False)
+    trainer.pop("default_root_dir", None)
+    return config
+
+
+@pytest.mark.parametrize("path", MODEL_CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
+def test_config_instantiates_with_tiny_models(path):
+    config = _shrink(yaml.safe_load(path.read_text()))
+    config.pop("seed_everything", None)
+    bench_params = inspect.signature(SpecDiffTrainer.bench).parameters
+    for key in [k for k in config if k not in ("model", "data", "trainer")]:
+        assert key in bench_params, f"{path.name}: unknown top-level key {key!r}"
+        config.pop(key)  # subcommand arguments (here: bench's), checked above
+    cli = LightningCLI(
+        None, None, trainer_class=SpecDiffTrainer, args=config, run=False, save_config_callback=None
+    )
+    assert cli.model is not None and cli.trainer is not None
+    if "data" in config:
+        assert cli.datamodule is not None
+    decoding = getattr(cli.model, "decoding", None)
+    if decoding is not None and config["model"]["init_args"].get("decoding"):
+        assert decoding.gamma == config["model"]["init_args"]["decoding"]["gamma"]
+
+
+@pytest.mark.parametrize("path", BENCH_LAYERS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
+def test_bench_layers_match_the_bench_signature(path):
+    args = yaml.safe_load(path.read_text())
+    params = inspect.signature(SpecDiffTrainer.bench).parameters
+    unknown = set(args) - set(params)
+    assert not unknown, f"{path.name}: {unknown} are not bench arguments"
+
+
+def test_every_config_is_covered():
+    assert len(MODEL_CONFIGS) >= 12 and BENCH_LAYERS
