@@ -132,6 +132,15 @@ class _Sample:
     accepted_at: list[int] | None = None
 
 
+def extra_drafter_methods(name: str, cfg: DecodingConfig) -> list[BenchMethod]:
+    """K = 1 and K = max(K, 8) SpecDiff-2 rows for another drafter (e.g. the undistilled one)."""
+    k = max(cfg.num_drafts, 8)
+    return [
+        BenchMethod(f"SpecDiff-2 (K=1, greedy, {name})", "diffusion", {"num_drafts": 1, "acceptance": "greedy"}, drafter=name),
+        BenchMethod(f"SpecDiff-2 (K={k}, greedy, {name})", "diffusion", {"num_drafts": k, "acceptance": "greedy"}, drafter=name),
+    ]
+
+
 def _runner(
     method: BenchMethod, verifier, drafter, ar_drafter, cfg: DecodingConfig, eos, profiler
 ) -> Callable:

@@ -75,7 +75,8 @@ def prepare_demo_data(
     if not out.exists():
         tok = AutoTokenizer.from_pretrained(tok_dir)
         rng = random.Random(seed)
-        sources = [json.loads(line)["continuation"] for line in open(data / "train.jsonl")]
+        with open(data / "train.jsonl") as f:
+            sources = [json.loads(line)["continuation"] for line in f]
         with open(out.with_suffix(".tmp"), "w") as f:
             for i in range(distill_prompts):
                 ids = tok(rng.choice(sources), add_special_tokens=False)["input_ids"]

@@ -184,6 +184,10 @@ def generate_corpus(
             f"prompts {bad[:3]} hold token ids outside the verifier's vocabulary of {vocab}: wrong tokenizer?"
         )
 
+    # The validation prompts: the first ceil(val_fraction * N) by id hash (deterministic, never empty
+    # when val_fraction > 0, the same on a resumed run).
+    ranked = sorted(prompts, key=lambda p: (zlib.crc32(p["id"].encode()), p["id"]))
+    val_ids = {p["id"] for p in ranked[: math.ceil(val_fraction * len(prompts))]}
     bar = tqdm(
         total=len(prompts),
         initial=len(prompts) - len(todo),
