@@ -136,8 +136,18 @@ def extra_drafter_methods(name: str, cfg: DecodingConfig) -> list[BenchMethod]:
     """K = 1 and K = max(K, 8) SpecDiff-2 rows for another drafter (e.g. the undistilled one)."""
     k = max(cfg.num_drafts, 8)
     return [
-        BenchMethod(f"SpecDiff-2 (K=1, greedy, {name})", "diffusion", {"num_drafts": 1, "acceptance": "greedy"}, drafter=name),
-        BenchMethod(f"SpecDiff-2 (K={k}, greedy, {name})", "diffusion", {"num_drafts": k, "acceptance": "greedy"}, drafter=name),
+        BenchMethod(
+            f"SpecDiff-2 (K=1, greedy, {name})",
+            "diffusion",
+            {"num_drafts": 1, "acceptance": "greedy"},
+            drafter=name,
+        ),
+        BenchMethod(
+            f"SpecDiff-2 (K={k}, greedy, {name})",
+            "diffusion",
+            {"num_drafts": k, "acceptance": "greedy"},
+            drafter=name,
+        ),
     ]
 
 
@@ -372,7 +382,6 @@ def _plots(report: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in report["rows"] if r.get("positional_acceptance") and r["sweep"] is None]
-    rows = [r for r in rows if not r["method"].startswith("SpecDiff-2 (K=1")] or rows
     if rows:
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for r in rows:

@@ -8,7 +8,9 @@ atomically. A rerun skips finished prompts; at most the shard in progress is red
 from __future__ import annotations
 
 import json
+import math
 import os
+import zlib
 from pathlib import Path
 
 import torch
