@@ -142,8 +142,12 @@ def speculative_generate(
             with prof.phase("cache"):
                 root = torch.zeros(1, dtype=torch.long, device=device)
                 state.commit(tree, torch.cat([root, tree.paths[k, :a]]), verdict.next_token)
-            stats.rounds.append(RoundStats(window, a, a == window and window > 0, tree.size, k))
-            for token in drafts[k, :a].tolist() + [verdict.next_token]:
+            draft = drafts[k].tolist()
+            emitted = draft[:a] + [verdict.next_token]
+            stats.rounds.append(
+                RoundStats(window, a, a == window and window > 0, tree.size, k, tuple(draft), tuple(emitted))
+            )
+            for token in emitted:
                 new_tokens.append(token)
                 context.append(token)
                 if token in eos:
@@ -190,7 +194,7 @@ def verifier_generate(
         tree = build_tree(state.pending, empty)
         probs = logits_to_probs(state.score(tree), temperature, top_k, top_p)
         token = int(sample_tokens(probs, generator))
-        stats.rounds.append(RoundStats(0, 0, False, 1, 0))
+        stats.rounds.append(RoundStats(0, 0, False, 1, 0, (), (token,)))
         state.commit(tree, root, token)
         new_tokens.append(token)
         if token in eos:

@@ -12,13 +12,17 @@ __all__ = ["RoundStats", "DecodingStats", "GenerationOutput"]
 @dataclass(frozen=True)
 class RoundStats:
     """One verifier call. ``drafted`` is the window actually verified (``<= gamma`` near the end),
-    ``accepted`` the draft tokens kept, ``bonus`` whether all were kept and a bonus token followed."""
+    ``accepted`` the draft tokens kept, ``bonus`` whether all were kept and a bonus token followed,
+    ``draft_index`` which of the K drafts was verified, ``draft`` its tokens and ``emitted`` the
+    tokens the round added (accepted draft tokens + the correction or bonus token)."""
 
     drafted: int
     accepted: int
     bonus: bool
     tree_size: int
     draft_index: int
+    draft: tuple[int, ...] = ()
+    emitted: tuple[int, ...] = ()
 
 
 @dataclass
