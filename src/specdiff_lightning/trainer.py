@@ -126,6 +126,7 @@ class SpecDiffTrainer(L.Trainer):
             cfg,
             methods,
             ar_drafter=ar,
+            extra_drafters=extras,
             warmup=warmup,
             profile=profile,
             progress=self.progress_bar_callback is not None,

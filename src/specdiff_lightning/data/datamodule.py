@@ -121,6 +121,8 @@ class DistillationDataModule(L.LightningDataModule):
         max_prefix_tokens: keep only this many trailing prefix tokens (the drafter's prefix cap).
         batch_size: windows per batch.
         shuffle_buffer: records held in the shuffle buffer (0 disables shuffling).
+        window_shuffle_buffer: windows held in a second buffer that mixes windows of different
+            records within a batch (0 disables it).
         seed: shuffling and window offsets.
         on_bad_record: ``"skip"`` (warn with file and line) or ``"raise"``.
         pad_token_id: id used for left padding (masked out, so any id works).
@@ -136,6 +138,7 @@ class DistillationDataModule(L.LightningDataModule):
         max_prefix_tokens: int | None = None,
         batch_size: int = 8,
         shuffle_buffer: int = 1000,
+        window_shuffle_buffer: int = 1024,
         seed: int = 0,
         on_bad_record: str = "skip",
         pad_token_id: int = 0,
@@ -229,6 +232,11 @@ class DistillationDataModule(L.LightningDataModule):
             batched=True,
             remove_columns=["prompt_ids", "continuation_ids"],
         )
+        if self.hparams.window_shuffle_buffer > 0:
+            # A record's windows come out together; mix them so a batch is not one document.
+            stream = stream.shuffle(
+                seed=self.hparams.seed + 1, buffer_size=self.hparams.window_shuffle_buffer
+            )
         holder.stream, holder.limit = self._split(
             stream, self.num_train_records * self.hparams.windows_per_record
         )

@@ -248,8 +248,8 @@ class DiffusionDrafter(Drafter):
     ) -> torch.Tensor:
         """Per-position draft logits for the ``gamma`` masked slots after ``input_ids[B, L]``.
 
-        Returns ``FloatTensor[B, gamma, V]``: row j is the logit of ``q_j(. | s)``. Differentiable
-        when called under ``torch.enable_grad()`` (training uses :meth:`window_logits`).
+        Returns ``FloatTensor[B, gamma, V]`` (the model's dtype): row j is the logit of ``q_j(. | s)``.
+        Runs without gradients; training uses :meth:`window_logits`.
         """
         return self.window_logits(input_ids, gamma, attention_mask)
 
