@@ -27,12 +27,13 @@ def test_shipped_verifier_is_small_and_loads():
 def test_stdlib_split_is_by_top_level_module(tmp_path):
     counts = build_stdlib_corpus(tmp_path)
     assert counts["train"] > 5 * counts["heldout"] > 0 and counts["prompts"] > 20
-    held = {json.loads(line)["id"] for line in open(tmp_path / "heldout.jsonl")}
-    train = {json.loads(line)["id"] for line in open(tmp_path / "train.jsonl")}
+    held = {json.loads(line)["id"] for line in (tmp_path / "heldout.jsonl").read_text().splitlines()}
+    train = {json.loads(line)["id"] for line in (tmp_path / "train.jsonl").read_text().splitlines()}
     assert not {m.split("/")[0] for m in held} & {m.split("/")[0] for m in train}
     assert all(is_heldout(m) for m in held)
-    prompt = json.loads(open(tmp_path / "prompts.jsonl").readline())
-    assert prompt["id"].split(":")[0] in held and '"""' in prompt["prompt"] or "'''" in prompt["prompt"]
+    prompt = json.loads((tmp_path / "prompts.jsonl").read_text().splitlines()[0])
+    assert prompt["id"].split(":")[0] in held
+    assert '"""' in prompt["prompt"] or "'''" in prompt["prompt"]
 
 
 @pytest.mark.slow
