@@ -102,10 +102,8 @@ class PositionalAcceptance(Metric):
         return fig, ax
 
 
-class Throughput(Metric):
-    """Mean per-sample throughput ``(new_tokens - 1) / seconds`` (App. B.5: the first token is
-    excluded because every method pays the prompt prefill for it). Read clocks with
-    :func:`~specdiff_lightning.decoding.timing.now` so device work is finished."""
+class _PerSampleMean(Metric):
+    """Mean of a per-sample quantity, summed across processes."""
 
     full_state_update = False
     higher_is_better = True
@@ -115,40 +113,33 @@ class Throughput(Metric):
         self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(self, new_tokens: torch.Tensor | float, seconds: torch.Tensor | float) -> None:
-        rate = (torch.as_tensor(new_tokens, dtype=torch.float64) - 1).clamp_min(0) / torch.as_tensor(
-            seconds, dtype=torch.float64
+    def _add(self, values: torch.Tensor) -> None:
+        self.total = self.total + values.sum().to(self.total.device)
+        self.count = self.count + torch.as_tensor(
+            values.numel(), dtype=torch.float64, device=self.count.device
         )
-        self.total = self.total + rate.sum().to(self.total.device)
-        self.count = self.count + torch.as_tensor(rate.numel(), dtype=torch.float64, device=self.count.device)
 
     def compute(self) -> torch.Tensor:
         return self.total / self.count.clamp_min(1)
 
 
-class Speedup(Metric):
+def _rate(new_tokens, seconds) -> torch.Tensor:
+    # The first token is excluded: every method pays the prompt prefill for it (App. B.5).
+    n = torch.as_tensor(new_tokens, dtype=torch.float64)
+    return (n - 1).clamp_min(0) / torch.as_tensor(seconds, dtype=torch.float64)
+
+
+class Throughput(_PerSampleMean):
+    """Mean per-sample throughput ``(new_tokens - 1) / seconds``. Read clocks with
+    :func:`~specdiff_lightning.decoding.timing.now` so device work is finished."""
+
+    def update(self, new_tokens: torch.Tensor | float, seconds: torch.Tensor | float) -> None:
+        self._add(_rate(new_tokens, seconds))
+
+
+class Speedup(_PerSampleMean):
     """Mean per-sample speed-up: throughput of the method over verifier-only decoding of the same
     prompt with the same settings, measured side by side."""
 
-    full_state_update = False
-    higher_is_better = True
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-
     def update(self, new_tokens, seconds, baseline_new_tokens, baseline_seconds) -> None:
-        def rate(n, t):
-            return (torch.as_tensor(n, dtype=torch.float64) - 1).clamp_min(0) / torch.as_tensor(
-                t, dtype=torch.float64
-            )
-
-        ratio = rate(new_tokens, seconds) / rate(baseline_new_tokens, baseline_seconds)
-        self.total = self.total + ratio.sum().to(self.total.device)
-        self.count = self.count + torch.as_tensor(
-            ratio.numel(), dtype=torch.float64, device=self.count.device
-        )
-
-    def compute(self) -> torch.Tensor:
-        return self.total / self.count.clamp_min(1)
+        self._add(_rate(new_tokens, seconds) / _rate(baseline_new_tokens, baseline_seconds))

@@ -71,7 +71,26 @@ def _adamw(module: L.LightningModule, lr: float, weight_decay: float, warmup: in
     }
 
 
-class CausalLMPretraining(L.LightningModule):
+class _WindowPretraining(L.LightningModule):
+    """Shared Lightning glue: subclasses define ``_loss(batch)`` and ``export(path)``."""
+
+    def _loss(self, batch: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["targets"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.log("val/loss", self._loss(batch), prog_bar=True, batch_size=batch["targets"].shape[0])
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        return _adamw(self, hp.lr, hp.weight_decay, hp.warmup_steps, hp.total_steps)
+
+
+class CausalLMPretraining(_WindowPretraining):
     """Next-token pretraining of a small causal LM (the built-in verifier, or an AR drafter).
 
     Args:
@@ -108,18 +127,6 @@ class CausalLMPretraining(L.LightningModule):
             logits[:, :-1].flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX
         )
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["targets"].shape[0])
-        return loss
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self.log("val/loss", self._loss(batch), prog_bar=True, batch_size=batch["targets"].shape[0])
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        return _adamw(self, hp.lr, hp.weight_decay, hp.warmup_steps, hp.total_steps)
-
     def export(self, path: str | os.PathLike) -> None:
         """A plain HF directory (model + tokenizer + generation config with EOS)."""
         self.model.generation_config.eos_token_id = self.tokenizer.eos_token_id
@@ -128,7 +135,7 @@ class CausalLMPretraining(L.LightningModule):
         self.tokenizer.save_pretrained(path)
 
 
-class MaskedDiffusionPretraining(L.LightningModule):
+class MaskedDiffusionPretraining(_WindowPretraining):
     """MDM pretraining / AR-to-diffusion adaptation of a drafter (METHOD.md §5, last item).
 
     Args:
@@ -173,18 +180,6 @@ class MaskedDiffusionPretraining(L.LightningModule):
         noisy, masked, t = mdm_corrupt(tokens, self.tokenizer.mask_token_id, self.hparams.eps, valid=valid)
         logits = self.drafter.denoise_logits(noisy, valid.long())
         return mdm_loss(logits, tokens, masked, t, self.hparams.shift_logits)
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["targets"].shape[0])
-        return loss
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self.log("val/loss", self._loss(batch), prog_bar=True, batch_size=batch["targets"].shape[0])
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        return _adamw(self, hp.lr, hp.weight_decay, hp.warmup_steps, hp.total_steps)
 
     def export(self, path: str | os.PathLike) -> None:
         self.drafter.save_pretrained(path, family="diffullama")
