@@ -182,12 +182,18 @@ class SpecDiffTrainer(L.Trainer):
         model: L.LightningModule,
         output_dir: str,
         ckpt_path: str | None = None,
+        dtype: str | None = None,
         datamodule: L.LightningDataModule | None = None,
     ) -> None:
-        """Write the drafter (LoRA merged) as a plain HF directory, from ``ckpt_path`` if given."""
+        """Write the trained model (the drafter with LoRA merged, or a pretrained LM) as a plain HF
+        directory, from ``ckpt_path`` if given, optionally cast to ``dtype`` (e.g. ``bfloat16``)."""
+        from .models.loading import resolve_dtype
+
         _load_drafter_weights(model, ckpt_path)
+        if dtype is not None:
+            model.to(resolve_dtype(dtype))
         model.export(output_dir)
-        print(f"drafter exported to {output_dir}")
+        print(f"exported to {output_dir}")
 
 
 def _load_drafter_weights(model: L.LightningModule, ckpt_path: str | None) -> None:
