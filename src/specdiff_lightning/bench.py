@@ -25,6 +25,7 @@ from .models.autoregressive import AutoregressiveDrafter
 
 __all__ = [
     "BenchMethod",
+    "setting_methods",
     "default_methods",
     "extra_drafter_methods",
     "sweep_methods",
@@ -79,6 +80,17 @@ def default_methods(cfg: DecodingConfig, with_ar: bool) -> list[BenchMethod]:
         ),
     ]
     return methods
+
+
+def setting_methods(settings: list[dict]) -> list[BenchMethod]:
+    """Explicit SpecDiff-2 rows, each a dict of :class:`DecodingConfig` overrides (e.g. the best
+    CPU setting ``{"num_drafts": 2, "gamma": 3}``)."""
+    rows = []
+    for setting in settings:
+        setting = {"acceptance": "greedy", **setting}
+        label = ", ".join(f"{'K' if k == 'num_drafts' else k}={v}" for k, v in setting.items())
+        rows.append(BenchMethod(f"SpecDiff-2 ({label})", "diffusion", setting))
+    return rows
 
 
 def sweep_methods(

@@ -41,7 +41,7 @@ class Preset:
 
 
 PRESETS = {
-    "full": Preset("runs/demo", 300, 300, 300, 384, 12, 96, "[1, 2, 4, 8]", "[2, 4, 8]"),
+    "full": Preset("runs/demo", 300, 400, 800, 768, 10, 80, "[2, 4]", "[2, 4]"),
     "smoke": Preset("runs/demo-smoke", 3, 3, 3, 8, 2, 12, "[1, 2]", "[2]"),
 }
 
@@ -216,7 +216,8 @@ def check_targets(report: dict) -> str:
         (
             r
             for r in rows
-            if r["sweep"] is None
+            if r["kind"] == "diffusion"
+            and r["sweep"] is None
             and r["drafter"] is None
             and r["num_drafts"] >= 8
             and r["acceptance"] == "greedy"

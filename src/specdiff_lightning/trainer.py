@@ -74,6 +74,7 @@ class SpecDiffTrainer(L.Trainer):
         sweep_draft_temperature: list[float] | None = None,
         sweep_gamma: list[int] | None = None,
         sweep_steps: list[int] | None = None,
+        settings: list[dict] | None = None,
         warmup: int = 1,
         profile: bool = False,
         ar_drafter: str | None = None,
@@ -89,6 +90,8 @@ class SpecDiffTrainer(L.Trainer):
             sweep_num_drafts, sweep_draft_temperature, sweep_gamma, sweep_steps: ablation sweeps of
                 SpecDiff-2 (greedy acceptance) over K, T, gamma and denoising steps.
             warmup: prompts decoded once, untimed, before each method.
+            settings: explicit SpecDiff-2 rows, each a dict of decoding overrides
+                (e.g. ``[{num_drafts: 2, gamma: 3}]``).
             profile: split each round's time into draft, tree, verify, accept, cache; report the
                 loop overhead ``1 - (draft + verify) / round``.
             ar_drafter: an AR drafter (directory/hub id or tiny preset) for SpS and HF assisted decoding.
@@ -96,7 +99,14 @@ class SpecDiffTrainer(L.Trainer):
                 each gets a K=1 and a K=8 SpecDiff-2 row.
             ckpt_path: a ``fit`` checkpoint whose drafter weights to benchmark.
         """
-        from .bench import default_methods, extra_drafter_methods, run_bench, sweep_methods, write_report
+        from .bench import (
+            default_methods,
+            extra_drafter_methods,
+            run_bench,
+            setting_methods,
+            sweep_methods,
+            write_report,
+        )
         from .models.autoregressive import AutoregressiveDrafter
         from .models.loading import load_drafter, load_verifier
 
@@ -111,6 +121,7 @@ class SpecDiffTrainer(L.Trainer):
         methods = default_methods(cfg, ar is not None) + sweep_methods(
             cfg, sweep_num_drafts or [], sweep_draft_temperature or [], sweep_gamma or [], sweep_steps or []
         )
+        methods += setting_methods(settings or [])
         extras = {}
         for name, path in (extra_drafters or {}).items():
             extra = load_drafter(path, max_prefix_tokens=model.drafter.max_prefix_tokens)
