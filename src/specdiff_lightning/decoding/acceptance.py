@@ -166,7 +166,8 @@ class AcceptanceRule(ABC):
         p: torch.Tensor,
         generator: torch.Generator | None = None,
     ) -> Verdict:
-        """Args: drafts ``LongTensor[K, g]``, q ``FloatTensor[K, g, V]``, p ``FloatTensor[K, g + 1, V]``."""
+        """Args: drafts ``LongTensor[K, g]`` with ``g >= 1`` (rounds with nothing to draft never
+        reach a rule), q ``FloatTensor[K, g, V]``, p ``FloatTensor[K, g + 1, V]``."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

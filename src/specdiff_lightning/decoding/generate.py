@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .acceptance import AcceptanceRule, get_acceptance_rule
+from .acceptance import AcceptanceRule, Verdict, get_acceptance_rule
 from .drafting import Drafter
 from .sampling import logits_to_probs, sample_tokens
 from .stats import DecodingStats, GenerationOutput, RoundStats
@@ -137,7 +137,10 @@ def speculative_generate(
                 logits = state.score(tree)
             with prof.phase("accept"):
                 p = path_probs(logits_to_probs(logits, temperature, top_k, top_p), tree)
-                verdict = rule.verify(drafts, q, p, generator)
+                if window > 0:
+                    verdict = rule.verify(drafts, q, p, generator)
+                else:  # nothing drafted (the last token): plain sampling, no rule involved
+                    verdict = Verdict(0, int(sample_tokens(p[0, :1], generator)))
             k, a = verdict.draft_index, verdict.num_accepted
             with prof.phase("cache"):
                 root = torch.zeros(1, dtype=torch.long, device=device)
