@@ -41,89 +41,40 @@ def _build(
     return model.to(dtype).eval()
 
 
-def _tiny(
-    cls,
-    config_cls,
-    vocab_size,
-    hidden_size,
-    num_layers,
-    num_heads,
-    max_positions,
-    seed,
-    dtype,
-    attn_implementation,
-    logit_scale,
-    config_kwargs,
+_ARCHITECTURES = {"qwen2": (Qwen2ForCausalLM, Qwen2Config), "llama": (LlamaForCausalLM, LlamaConfig)}
+
+
+def tiny_model(
+    arch: str,
+    vocab_size: int = 64,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    max_positions: int = 512,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    logit_scale: float = 8.0,
+    **config_kwargs,
 ) -> PreTrainedModel:
+    """A randomly initialised ``Qwen2ForCausalLM`` (``arch="qwen2"``) or ``LlamaForCausalLM``
+    (``"llama"``). ``config_kwargs`` go to the config class (``intermediate_size``,
+    ``eos_token_id``, ...); ``logit_scale`` sharpens random output layers (use 1.0 for a model
+    that will be trained)."""
+    if arch not in _ARCHITECTURES:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {sorted(_ARCHITECTURES)}")
+    model_cls, config_cls = _ARCHITECTURES[arch]
     config = config_cls(
         **_common(vocab_size, hidden_size, num_layers, num_heads, max_positions, **config_kwargs)
     )
-    return _build(cls, config, seed, dtype, attn_implementation, logit_scale)
+    return _build(model_cls, config, seed, dtype, attn_implementation, logit_scale)
 
 
-def tiny_qwen2(
-    vocab_size: int = 64,
-    hidden_size: int = 32,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    max_positions: int = 512,
-    seed: int = 0,
-    dtype: torch.dtype = torch.float32,
-    attn_implementation: str = "sdpa",
-    logit_scale: float = 8.0,
-    **config_kwargs,
-) -> Qwen2ForCausalLM:
-    """A randomly initialised ``Qwen2ForCausalLM``; ``config_kwargs`` go to ``Qwen2Config``
-    (``intermediate_size``, ``eos_token_id``, ...). ``logit_scale`` sharpens random output layers
-    (use 1.0 for a model that will be trained)."""
-    return _tiny(
-        Qwen2ForCausalLM,
-        Qwen2Config,
-        vocab_size,
-        hidden_size,
-        num_layers,
-        num_heads,
-        max_positions,
-        seed,
-        dtype,
-        attn_implementation,
-        logit_scale,
-        config_kwargs,
-    )
+def tiny_qwen2(**kwargs) -> Qwen2ForCausalLM:
+    """``tiny_model("qwen2", **kwargs)``."""
+    return tiny_model("qwen2", **kwargs)
 
 
-def tiny_llama(
-    vocab_size: int = 64,
-    hidden_size: int = 32,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    max_positions: int = 512,
-    seed: int = 0,
-    dtype: torch.dtype = torch.float32,
-    attn_implementation: str = "sdpa",
-    logit_scale: float = 8.0,
-    **config_kwargs,
-) -> LlamaForCausalLM:
-    """A randomly initialised ``LlamaForCausalLM`` (arguments as :func:`tiny_qwen2`)."""
-    return _tiny(
-        LlamaForCausalLM,
-        LlamaConfig,
-        vocab_size,
-        hidden_size,
-        num_layers,
-        num_heads,
-        max_positions,
-        seed,
-        dtype,
-        attn_implementation,
-        logit_scale,
-        config_kwargs,
-    )
-
-
-def tiny_model(arch: str, **kwargs) -> PreTrainedModel:
-    """``tiny_model("qwen2" | "llama", **kwargs)``."""
-    builders = {"qwen2": tiny_qwen2, "llama": tiny_llama}
-    if arch not in builders:
-        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {sorted(builders)}")
-    return builders[arch](**kwargs)
+def tiny_llama(**kwargs) -> LlamaForCausalLM:
+    """``tiny_model("llama", **kwargs)``."""
+    return tiny_model("llama", **kwargs)
