@@ -1,16 +1,27 @@
-"""specdiff-lightning: lossless speculative decoding with diffusion drafters (SpecDiff-2)."""
+"""specdiff-lightning: lossless speculative decoding with diffusion drafters (SpecDiff-2).
 
-from .decoding import (
-    AcceptanceRule,
-    DecodingStats,
-    GenerationOutput,
-    speculative_generate,
-    verifier_generate,
-)
-from .models import AutoregressiveDrafter, DiffusionDrafter
-from .training.losses import streak_loss
+The public names are imported on first use (PEP 562), so ``python -m specdiff_lightning --help``
+and the command table load without torch or transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "AcceptanceRule": "specdiff_lightning.decoding",
+    "DecodingStats": "specdiff_lightning.decoding",
+    "GenerationOutput": "specdiff_lightning.decoding",
+    "speculative_generate": "specdiff_lightning.decoding",
+    "verifier_generate": "specdiff_lightning.decoding",
+    "AutoregressiveDrafter": "specdiff_lightning.models",
+    "DiffusionDrafter": "specdiff_lightning.models",
+    "streak_loss": "specdiff_lightning.training.losses",
+}
 
 __all__ = [
     "AcceptanceRule",
@@ -22,3 +33,26 @@ __all__ = [
     "streak_loss",
     "verifier_generate",
 ]
+
+if TYPE_CHECKING:
+    from .decoding import (
+        AcceptanceRule,
+        DecodingStats,
+        GenerationOutput,
+        speculative_generate,
+        verifier_generate,
+    )
+    from .models import AutoregressiveDrafter, DiffusionDrafter
+    from .training.losses import streak_loss
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'specdiff_lightning' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

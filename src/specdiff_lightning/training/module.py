@@ -181,12 +181,13 @@ class DrafterDistillation(L.LightningModule):
         reached = torch.cat([torch.ones_like(terms[:, :1]), terms[:, :-1]], dim=-1) * valid
         self.val_positional.update(terms, reached)
         loss, _ = streak_loss(logits, targets, self.hparams.draft_temperature)
-        self.log("val/streak_loss", loss, batch_size=targets.shape[0])
+        self.log("val/streak_loss", loss, batch_size=targets.shape[0], sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
-        self.log("val/streak", self.val_streak.compute(), prog_bar=True, sync_dist=False)
+        # compute() reduces the metric states across ranks; sync_dist then averages equal values.
+        self.log("val/streak", self.val_streak.compute(), prog_bar=True, sync_dist=True)
         curve = self.val_positional.compute()
-        self.log_dict({f"val/gamma_{j + 1}": v for j, v in enumerate(curve.nan_to_num(0.0))})
+        self.log_dict({f"val/gamma_{j + 1}": v for j, v in enumerate(curve.nan_to_num(0.0))}, sync_dist=True)
         self.val_streak.reset()
         self.val_positional.reset()
 
