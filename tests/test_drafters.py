@@ -241,18 +241,21 @@ def _save_remote_code_model(directory, class_name, config_name, seed):
     "class_name,config_name,family,shift",
     [("DreamModel", "DreamConfig", "dream", True), ("LLaDAModelLM", "LLaDAConfig", "llada", False)],
 )
-def test_remote_code_checkpoints_load_with_their_family_settings(
+def test_explicit_remote_code_still_loads_with_family_settings(
     tmp_path, class_name, config_name, family, shift
 ):
-    """Dream/DiffuCoder and LLaDA load through AutoModel + trust_remote_code; the family is read
-    from config.model_type. Their real mask ids exceed this tiny vocabulary, so it is overridden
-    (and leaving it would be the clear out-of-vocabulary error)."""
+    """The default route is the stock class (tests/models/test_families.py, hub-layout checkpoints);
+    ``trust_remote_code=True``, passed explicitly, still runs a checkpoint's own classes through
+    AutoModel with the family read from config.model_type. Their real mask ids exceed this tiny
+    vocabulary, so it is overridden (and leaving it would be the clear out-of-vocabulary error)."""
     original = _save_remote_code_model(tmp_path, class_name, config_name, seed=12)
     with pytest.raises(
         ValueError, match=f"mask_token_id={DRAFTER_FAMILIES[family].mask_token_id} is outside"
     ):
-        DiffusionDrafter.from_pretrained(tmp_path, dtype=torch.float64)
-    drafter = DiffusionDrafter.from_pretrained(tmp_path, mask_token_id=MASK, dtype=torch.float64)
+        DiffusionDrafter.from_pretrained(tmp_path, dtype=torch.float64, trust_remote_code=True)
+    drafter = DiffusionDrafter.from_pretrained(
+        tmp_path, mask_token_id=MASK, dtype=torch.float64, trust_remote_code=True
+    )
     assert type(drafter.model).__name__ == class_name and drafter.shift_logits is shift
     assert not drafter._stock  # runs through the model's own (bidirectional) attention
     prefix = torch.tensor([[4, 5, 6]])

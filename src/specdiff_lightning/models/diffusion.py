@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -13,33 +11,12 @@ from torch import nn
 from ..decoding.drafting import Drafter, Proposal, sample_from_marginals
 from ..decoding.sampling import logits_to_probs
 from .attention import check_custom_mask_support, to_model_mask
+from .families import DRAFTER_FAMILIES, SIDECAR_FILE, DrafterFamily, family_for_model_type
 
 __all__ = ["DiffusionDrafter", "DrafterFamily", "DRAFTER_FAMILIES", "SIDECAR_FILE"]
 
-#: written next to ``config.json`` by :meth:`DiffusionDrafter.save_pretrained`
-SIDECAR_FILE = "specdiff_drafter.json"
-
-
-@dataclass(frozen=True)
-class DrafterFamily:
-    """How a published drafter family is loaded and read (METHOD.md §8)."""
-
-    mask_token_id: int
-    shift_logits: bool
-    auto_class: str  # "AutoModel" (trust_remote_code) or "AutoModelForCausalLM" (stock class)
-    trust_remote_code: bool
-
-
-DRAFTER_FAMILIES: dict[str, DrafterFamily] = {
-    # DiffuCoder / Dream: DreamModel via remote code, Qwen2.5 tokenizer, adapted from an AR LM.
-    "dream": DrafterFamily(151666, True, "AutoModel", True),
-    # DiffuLLaMA: a plain LlamaForCausalLM checkpoint run bidirectionally; mask = Llama-2 token 811.
-    "diffullama": DrafterFamily(811, True, "AutoModelForCausalLM", False),
-    # LLaDA: remote code, trained from scratch as an MDM, so unshifted.
-    "llada": DrafterFamily(126336, False, "AutoModel", True),
-}
-
-_MODEL_TYPE_TO_FAMILY = {"dream": "dream", "llada": "llada", "llama": "diffullama"}
+# Re-exported: the family registry lives in .families.
+_MODEL_TYPE_TO_FAMILY = {t: name for name, spec in DRAFTER_FAMILIES.items() for t in spec.model_types}
 
 
 def _config_token_ids(config, name: str) -> set[int]:
@@ -123,66 +100,63 @@ class DiffusionDrafter(Drafter):
         max_prefix_tokens: int | None = None,
         **model_kwargs,
     ) -> DiffusionDrafter:
-        """Load a drafter checkpoint (local directory or hub id) with the right mask id and shift.
+        """Load a drafter checkpoint (local directory or hub id) into a stock transformers class.
 
         Args:
             family: ``"dream"`` (DiffuCoder/Dream), ``"diffullama"``, ``"llada"``, or ``"auto"``: read
                 the ``specdiff_drafter.json`` written by :meth:`save_pretrained`, else infer the
-                family from ``config.model_type``. Dream and LLaDA ship their model code with the
-                checkpoint, so their families load with ``trust_remote_code=True`` unless you pass
-                ``trust_remote_code=False``.
-            mask_token_id, shift_logits: override the family's values.
+                family from the raw ``config.json``'s ``model_type`` (``"Dream"``, ``"llada"``,
+                ``"llama"``). Dream loads as ``Qwen2ForCausalLM``, LLaDA as ``LlamaForCausalLM``
+                (config translated, tensors renamed on load): no code from the checkpoint runs
+                unless you pass ``trust_remote_code=True`` (see ``models/families.py``).
+            mask_token_id, shift_logits: override the checkpoint's / family's values.
             model_kwargs: passed to ``from_pretrained`` (``dtype``, ``device_map``, ``attn_implementation``...).
         """
-        from transformers import AutoModel, AutoModelForCausalLM, PretrainedConfig
+        from .families import load_drafter_model
 
-        sidecar = os.path.join(os.fspath(path), SIDECAR_FILE)
-        settings: dict = {}
-        if family == "auto" and os.path.isfile(sidecar):
-            with open(sidecar) as f:
-                settings = json.load(f)
-            family = settings.get("family", "auto")
         trust_remote_code = model_kwargs.pop("trust_remote_code", None)
-        if family == "auto":
-            # The raw config.json: no remote code runs before the family is known.
-            config_dict, _ = PretrainedConfig.get_config_dict(path)
-            model_type = str(config_dict.get("model_type", "")).lower()
-            if model_type not in _MODEL_TYPE_TO_FAMILY and not settings:
-                raise ValueError(
-                    f"cannot infer the drafter family of {path!r} (model_type={model_type!r}); pass "
-                    f"family= one of {sorted(DRAFTER_FAMILIES)} or mask_token_id= and shift_logits="
-                )
-            family = _MODEL_TYPE_TO_FAMILY.get(model_type, "diffullama")
-        if family not in DRAFTER_FAMILIES:
-            raise ValueError(
-                f"unknown drafter family {family!r}; choose one of {sorted(DRAFTER_FAMILIES)} or 'auto'"
-            )
+        # Drafter options (not model ones) that may ride along in model_kwargs or the sidecar.
+        drafter_options = {k: model_kwargs.pop(k) for k in ("attention", "prefix_cache") if k in model_kwargs}
+        model, family, settings, config_dict = load_drafter_model(
+            path, family, trust_remote_code=trust_remote_code, **model_kwargs
+        )
+        if settings.get("attention") is not None:
+            drafter_options.setdefault("attention", settings["attention"])
         spec = DRAFTER_FAMILIES[family]
-        remote = spec.trust_remote_code if trust_remote_code is None else trust_remote_code
-        auto = AutoModel if spec.auto_class == "AutoModel" else AutoModelForCausalLM
-        model = auto.from_pretrained(path, trust_remote_code=remote, **model_kwargs).eval()
-        return cls(
+        drafter = cls(
             model,
-            mask_token_id=_first_not_none(mask_token_id, settings.get("mask_token_id"), spec.mask_token_id),
+            mask_token_id=_first_not_none(
+                mask_token_id,
+                settings.get("mask_token_id"),
+                config_dict.get("mask_token_id"),
+                spec.mask_token_id,
+            ),
             shift_logits=_first_not_none(shift_logits, settings.get("shift_logits"), spec.shift_logits),
             steps=steps,
             max_prefix_tokens=_first_not_none(max_prefix_tokens, settings.get("max_prefix_tokens")),
+            **drafter_options,
         )
+        drafter.family = family
+        return drafter
 
     def save_pretrained(self, path: str | os.PathLike, family: str | None = None, **kwargs) -> None:
-        """Save the model (``save_pretrained``) plus the drafter settings needed to reload it."""
-        self.model.save_pretrained(path, **kwargs)
+        """Save the model in its stock format (``save_pretrained``) plus the drafter settings needed
+        to reload it; plain ``AutoModelForCausalLM.from_pretrained`` reloads the model too."""
+        from .families import save_drafter_model
+
         if family is None:
-            model_type = getattr(self.model.config, "model_type", "")
-            family = _MODEL_TYPE_TO_FAMILY.get(model_type, "diffullama")
+            family = getattr(self, "family", None)
+        if family is None:
+            family = family_for_model_type(getattr(self.model.config, "model_type", "")) or "diffullama"
         settings = {
             "family": family,
             "mask_token_id": self.mask_token_id,
             "shift_logits": self.shift_logits,
             "max_prefix_tokens": self.max_prefix_tokens,
         }
-        with open(os.path.join(os.fspath(path), SIDECAR_FILE), "w") as f:
-            json.dump(settings, f, indent=2)
+        if getattr(self, "attention", "bidirectional") != "bidirectional":
+            settings["attention"] = self.attention
+        save_drafter_model(self.model, path, settings, **kwargs)
 
     # ------------------------------------------------------------------ forward
     def _prefix_budget(self, gamma: int) -> int | None:
