@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from lightning.pytorch.cli import LightningCLI
 
+from specdiff_lightning.cli.lightning_cli import SpecDiffCLI
 from specdiff_lightning.models import DRAFTER_FAMILIES
 from specdiff_lightning.trainer import SpecDiffTrainer
 
@@ -74,15 +74,16 @@ def test_config_instantiates_with_tiny_models(path):
     for key in [k for k in config if k not in ("model", "data", "trainer")]:
         assert key in bench_params, f"{path.name}: unknown top-level key {key!r}"
         config.pop(key)  # subcommand arguments (here: bench's), checked above
-    cli = LightningCLI(
-        None, None, trainer_class=SpecDiffTrainer, args=config, run=False, save_config_callback=None
-    )
+    cli = SpecDiffCLI(args=config, run=False, save_config_callback=None)
     assert cli.model is not None and cli.trainer is not None
     if "data" in config:
         assert cli.datamodule is not None
+    gamma = config["model"]["init_args"].get("gamma")
     decoding = getattr(cli.model, "decoding", None)
-    if decoding is not None and config["model"]["init_args"].get("decoding"):
-        assert decoding.gamma == config["model"]["init_args"]["decoding"]["gamma"]
+    if decoding is not None:  # one gamma: the decoding window follows the model's unless set
+        assert decoding.gamma == (config["model"]["init_args"].get("decoding") or {}).get("gamma", gamma)
+    if gamma is not None and "gamma" in getattr(cli.datamodule, "hparams", {}):
+        assert cli.datamodule.hparams.gamma == gamma  # linked: data.gamma follows model.gamma
 
 
 @pytest.mark.parametrize("path", BENCH_LAYERS, ids=lambda p: str(p.relative_to(ROOT / "configs")))

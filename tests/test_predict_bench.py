@@ -82,6 +82,20 @@ def test_predict_writes_jsonl_and_summary(tmp_path, capsys):
     assert "Decoding summary" in capsys.readouterr().out
 
 
+def test_prediction_writer_replaces_an_earlier_run(tmp_path):
+    from types import SimpleNamespace
+
+    writer = JsonlPredictionWriter(str(tmp_path / "out"))
+    trainer = SimpleNamespace(global_rank=0)
+    for run in range(2):
+        writer.on_predict_start(trainer, None)
+        for batch in range(2):
+            rows = [{"id": f"r{run}b{batch}i{i}"} for i in range(3)]
+            writer.write_on_batch_end(trainer, None, rows, None, None, batch, 0)
+    lines = (tmp_path / "out" / "predictions-rank0.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == [f"r1b{b}i{i}" for b in range(2) for i in range(3)]
+
+
 def test_benchmark_loaders_read_local_files(tmp_path):
     files = {
         "math500": {"problem": "1+1?", "answer": "2", "unique_id": "m/1"},
@@ -244,3 +258,74 @@ def test_cli_predict_and_bench(tmp_path, monkeypatch):
     report = json.loads(Path("runs/tiny/bench/bench.json").read_text())
     assert all(r["identical_to_verifier"] for r in report["rows"])
     assert any(r["kind"] == "hf_assisted" for r in report["rows"])
+    assert not Path("lightning_logs").exists()
+
+
+@pytest.mark.slow
+def test_cli_predict_decodes_with_the_configs_settings_not_the_checkpoints(tmp_path, monkeypatch):
+    """A fit checkpoint stores its own decoding settings (here K=3, 20 tokens); predict with that
+    checkpoint decodes with the predict config's and the command line's (K=4 from
+    tiny_predict.yaml, 12 tokens from the command line), and re-running replaces the JSONL."""
+    from pathlib import Path
+
+    from specdiff_lightning.cli import main
+
+    configs = Path(__file__).parents[1] / "configs"
+    monkeypatch.chdir(tmp_path)
+    gen = torch.Generator().manual_seed(0)
+    with open("corpus.jsonl", "w") as f:
+        for i in range(16):
+            ids = torch.randint(0, 63, (20,), generator=gen).tolist()
+            f.write(json.dumps({"id": f"r{i}", "prompt_ids": ids[:4], "continuation_ids": ids[4:]}) + "\n")
+    main(
+        [
+            "fit",
+            "--config",
+            str(configs / "tiny_fit.yaml"),
+            "--data.init_args.train_files",
+            "corpus.jsonl",
+            "--data.init_args.val_files",
+            "null",
+            "--data.init_args.batch_size",
+            "8",
+            "--model.init_args.decoding",
+            '{"max_new_tokens": 20, "num_drafts": 3}',
+            "--model.init_args.baseline",
+            "false",
+            "--trainer.max_steps",
+            "1",
+            "--trainer.enable_progress_bar",
+            "false",
+        ]
+    )
+    ckpt = Path("runs/tiny/checkpoints/last.ckpt")
+    assert torch.load(ckpt, weights_only=True)["hyper_parameters"]["decoding"]["num_drafts"] == 3
+    assert not Path("lightning_logs").exists()
+    predict = [
+        "predict",
+        "--config",
+        str(configs / "tiny_predict.yaml"),
+        "--ckpt_path",
+        str(ckpt),
+        "--data.init_args.path",
+        str(configs / "tiny_prompts.jsonl"),
+        "--data.init_args.limit",
+        "2",
+        "--model.init_args.decoding.max_new_tokens",
+        "12",
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
+    expected = DecodingConfig(
+        max_new_tokens=12, gamma=8, num_drafts=4, draft_temperature=1.5, acceptance="greedy", temperature=0.0
+    )
+    for _ in range(2):
+        main(predict)
+        rows = [
+            json.loads(line)
+            for line in Path("runs/tiny/predict/predictions-rank0.jsonl").read_text().splitlines()
+        ]
+        assert len(rows) == 2  # replaced, not appended
+        assert all(r["new_tokens"] == 12 for r in rows)
+        assert all(r["config_hash"] == expected.config_hash() for r in rows)
+        assert all(r["baseline_wall_time"] is not None for r in rows)  # the config's baseline: true

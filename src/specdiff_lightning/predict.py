@@ -19,8 +19,9 @@ __all__ = ["JsonlPredictionWriter", "DecodingMetrics", "summary_table"]
 
 
 class JsonlPredictionWriter(BasePredictionWriter):
-    """Append one JSON line per prompt to ``<output_dir>/predictions-rank<r>.jsonl`` after every
-    batch (flushed: an interrupted run keeps what it finished)."""
+    """Write one JSON line per prompt to ``<output_dir>/predictions-rank<r>.jsonl`` after every
+    batch (flushed: an interrupted run keeps what it finished). A run replaces the file of an
+    earlier run; it never appends to it."""
 
     FIELDS = (
         "id",
@@ -39,12 +40,17 @@ class JsonlPredictionWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.output_dir = output_dir
 
+    def path(self, rank: int) -> str:
+        return os.path.join(self.output_dir, f"predictions-rank{rank}.jsonl")
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        os.makedirs(self.output_dir, exist_ok=True)
+        open(self.path(trainer.global_rank), "w").close()  # replace an earlier run's rows
+
     def write_on_batch_end(
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
     ):
-        os.makedirs(self.output_dir, exist_ok=True)
-        path = os.path.join(self.output_dir, f"predictions-rank{trainer.global_rank}.jsonl")
-        with open(path, "a", encoding="utf-8") as f:
+        with open(self.path(trainer.global_rank), "a", encoding="utf-8") as f:
             for row in prediction:
                 f.write(json.dumps({k: row.get(k) for k in self.FIELDS}) + "\n")
             f.flush()

@@ -44,7 +44,9 @@ class DrafterDistillation(L.LightningModule):
         lora: PEFT ``LoraConfig`` kwargs (e.g. ``{r: 16, lora_alpha: 32, target_modules: [q_proj, v_proj]}``);
             None trains all drafter weights.
         lr, weight_decay, warmup_steps: AdamW with linear warm-up.
-        decoding: settings for ``predict`` (self-selection speculative decoding).
+        decoding: settings for ``predict``/``bench``/``eval-budget`` (self-selection speculative
+            decoding); its ``gamma`` defaults to ``gamma``. From the command line these always come
+            from the config, never from a checkpoint's hyper-parameters.
         baseline: in ``predict``, also time verifier-only decoding of each prompt (the speed-up
             denominator, measured side by side).
         tokenizer: the verifier's tokenizer (decodes completions; checked against
@@ -88,7 +90,7 @@ class DrafterDistillation(L.LightningModule):
             self.verifier = verifier_model
         self.drafter = load_drafter(drafter, **(drafter_kwargs or {}))
         check_vocab(self.verifier, self.drafter.vocab_size)
-        self.decoding = decoding or DecodingConfig(gamma=gamma)
+        self.decoding = (decoding or DecodingConfig()).with_gamma(gamma)
         self.tokenizer = None
         if tokenizer is not None:
             from transformers import AutoTokenizer
