@@ -32,11 +32,13 @@ def _math(row: dict, i: int) -> dict:
     }
 
 
+def code_completion_prompt(code: str) -> str:
+    """The user message for a code-completion task (HumanEval, and the drafter's training prompts)."""
+    return f"Complete the following Python function.\n```python\n{code}```"
+
+
 def _humaneval(row: dict, i: int) -> dict:
-    return {
-        "id": str(row.get("task_id", i)),
-        "prompt": f"Complete the following Python function.\n```python\n{row['prompt']}```",
-    }
+    return {"id": str(row.get("task_id", i)), "prompt": code_completion_prompt(row["prompt"])}
 
 
 def _gpqa(row: dict, i: int) -> dict:
