@@ -13,11 +13,29 @@ from ..decoding.sampling import logits_to_probs
 from .attention import check_custom_mask_support, to_model_mask
 from .families import DRAFTER_FAMILIES, SIDECAR_FILE, DrafterFamily, family_for_model_type
 
-__all__ = ["DiffusionDrafter", "DrafterFamily", "DRAFTER_FAMILIES", "SIDECAR_FILE"]
-
 # Re-exported: the family registry lives in .families.
 _MODEL_TYPE_TO_FAMILY = {t: name for name, spec in DRAFTER_FAMILIES.items() for t in spec.model_types}
 
+__all__ = [
+    "ATTENTION_MODES",
+    "DiffusionDrafter",
+    "DrafterFamily",
+    "DRAFTER_FAMILIES",
+    "SIDECAR_FILE",
+    "block_causal_allowed",
+]
+
+ATTENTION_MODES = ("bidirectional", "block_causal")
+
+
+def block_causal_allowed(past: int, num_new: int, gamma: int, device=None) -> torch.Tensor:
+    """``BoolTensor[num_new + gamma, past + num_new + gamma]``: who may attend whom when ``num_new``
+    prefix tokens and a block of ``gamma`` masks run after ``past`` cached prefix tokens. Prefix rows
+    are causal; mask rows see the whole prefix and the whole block."""
+    q = num_new + gamma
+    allowed = torch.ones(q, past + q, dtype=torch.bool, device=device)
+    allowed[:num_new, past:] = torch.ones(num_new, q, dtype=torch.bool, device=device).tril()
+    return allowed
 
 def _config_token_ids(config, name: str) -> set[int]:
     value = getattr(config, name, None)
@@ -47,8 +65,16 @@ class DiffusionDrafter(Drafter):
         steps: denoising steps; 1 is the method's single pass (per-position marginals). More steps
             unmask the window progressively (most confident first); drafts are then no longer drawn
             from a product of marginals, so only q-free (``greedy``) acceptance stays exact.
-        max_prefix_tokens: read at most this many trailing prefix tokens (the drafter has no KV cache,
-            so its cost grows with the prefix). None: as much as its context allows.
+        max_prefix_tokens: read at most this many trailing prefix tokens when there is no prefix cache
+            (the uncached cost grows with the prefix). None: as much as its context allows.
+        attention: ``"bidirectional"`` (Dream/DiffuCoder, LLaDA, DiffuLLaMA: every position sees every
+            other) or ``"block_causal"`` (block-diffusion drafters: prefix positions attend causally, the
+            mask block attends to the prefix and bidirectionally within itself).
+        prefix_cache: keep a KV cache of the committed prefix across rounds, so each round runs only the
+            newly accepted tokens plus the mask block (cost flat in the context length). Exact for
+            ``block_causal`` drafters (the default there); for ``bidirectional`` ones an opt-in
+            approximation (prefix positions stop seeing later tokens). Losslessness never depends on
+            it, only acceptance does. None: on for ``block_causal``, off for ``bidirectional``.
     """
 
     def __init__(
@@ -58,6 +84,8 @@ class DiffusionDrafter(Drafter):
         shift_logits: bool,
         steps: int = 1,
         max_prefix_tokens: int | None = None,
+        attention: str = "bidirectional",
+        prefix_cache: bool | None = None,
     ) -> None:
         self.model = model
         config = model.config
@@ -83,9 +111,20 @@ class DiffusionDrafter(Drafter):
         self.steps = int(steps)
         self.max_prefix_tokens = max_prefix_tokens
         self.max_positions = getattr(config, "max_position_embeddings", None)
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+        self.attention = attention
+        self.prefix_cache = (attention == "block_causal") if prefix_cache is None else bool(prefix_cache)
         self._stock = _is_stock_transformers_model(model)
         if self._stock:
             check_custom_mask_support(model, "drafter")
+        elif attention == "block_causal" or self.prefix_cache:
+            raise ValueError(
+                "block-causal attention and the prefix cache need a stock transformers model (they pass "
+                "a 4D mask and a cache); load the drafter into its stock class (family= in from_pretrained)"
+            )
+        self._cache = None
+        self._cached_ids: list[int] = []
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -153,9 +192,8 @@ class DiffusionDrafter(Drafter):
             "mask_token_id": self.mask_token_id,
             "shift_logits": self.shift_logits,
             "max_prefix_tokens": self.max_prefix_tokens,
+            "attention": self.attention,
         }
-        if getattr(self, "attention", "bidirectional") != "bidirectional":
-            settings["attention"] = self.attention
         save_drafter_model(self.model, path, settings, **kwargs)
 
     # ------------------------------------------------------------------ forward
@@ -172,33 +210,145 @@ class DiffusionDrafter(Drafter):
         return budget
 
     def denoise_logits(
-        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        gamma: int | None = None,
+        logits_to_keep: int = 0,
     ) -> torch.Tensor:
-        """One bidirectional forward: ``tokens[B, L] -> logits[B, L, V]`` (unshifted positions)."""
-        if self._stock:
-            batch, length = tokens.shape
-            keys = (
-                torch.ones(batch, length, dtype=torch.bool, device=tokens.device)
-                if attention_mask is None
-                else attention_mask.bool()
-            )
-            allowed = keys[:, None, :].expand(batch, length, length)
-            dtype = next(self.model.parameters()).dtype
-            positions = torch.arange(length, device=tokens.device)[None].expand(batch, -1)
-            out = self.model(
-                input_ids=tokens,
-                attention_mask=to_model_mask(allowed, self.model, dtype),
-                position_ids=positions,
-                use_cache=False,
-                is_causal=False,
-            )
+        """One forward over ``tokens[B, L]`` (``[prefix, MASK*gamma]``) -> ``logits[B, L', V]`` for the
+        last ``logits_to_keep`` positions (0: all), unshifted.
+
+        Bidirectional drafters see everything (``attention_mask`` marks padding keys, 1 = real);
+        block-causal ones need ``gamma``, the size of the trailing mask block.
+        """
+        if not self._stock:
+            return self.model(input_ids=tokens, attention_mask=attention_mask).logits[:, -logits_to_keep:]
+        batch, length = tokens.shape
+        positions = torch.arange(length, device=tokens.device)[None].expand(batch, -1)
+        if self.attention == "block_causal":
+            if gamma is None:
+                raise ValueError("a block-causal drafter needs gamma (the mask block size)")
+            allowed = block_causal_allowed(0, length - gamma, gamma, tokens.device)[None].expand(batch, -1, -1)
+            if attention_mask is not None:
+                allowed = allowed & attention_mask.bool()[:, None, :]
+            mask = self._model_mask(allowed)
+        elif attention_mask is None:
+            # No padding: the kernel's own non-causal path, no L x L mask to build or read.
+            mask = None
         else:
-            out = self.model(input_ids=tokens, attention_mask=attention_mask)
+            allowed = attention_mask.bool()[:, None, :].expand(batch, length, length)
+            mask = self._model_mask(allowed)
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=False,
+            is_causal=False,
+            logits_to_keep=logits_to_keep,
+        )
         return out.logits
+
+    def _model_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        return to_model_mask(allowed, self.model, next(self.model.parameters()).dtype)
+
+    def _keep(self, gamma: int) -> int:
+        """Rows of logits a window needs: the masks (and the last prefix position when shifted)."""
+        return gamma + 1 if self.shift_logits else gamma
 
     def _window(self, logits: torch.Tensor, prefix_len: int, gamma: int) -> torch.Tensor:
         start = prefix_len - 1 if self.shift_logits else prefix_len
         return logits[:, start : start + gamma]
+
+    def blocks_logits(self, input_ids: torch.Tensor, starts: torch.Tensor, gamma: int) -> torch.Tensor:
+        """Training forward of a block-causal drafter: many windows of one sequence in one pass.
+
+        ``input_ids[B, L]`` is clean text (run causally); for every ``starts[B, M]`` value t a block of
+        ``gamma`` masks at positions t..t+gamma-1 sees ``input_ids[:, :t]`` and itself, exactly what the
+        drafter sees at decoding time with prefix ``input_ids[:, :t]``. Returns ``logits[B, M, gamma, V]``
+        of ``q_j(. | input_ids[:, :t])``, computing the LM head only on those rows. Needs ``1 <= t``
+        (``t >= 1`` shifted) and ``t + gamma <= L + gamma``.
+        """
+        if self.attention != "block_causal" or not self._stock:
+            raise ValueError("blocks_logits needs a stock block-causal drafter")
+        batch, length = input_ids.shape
+        m = starts.shape[1]
+        device = input_ids.device
+        j = torch.arange(gamma, device=device)
+        block_pos = (starts[:, :, None] + j).reshape(batch, m * gamma)  # [B, M*g]
+        masks = torch.full_like(block_pos, self.mask_token_id)
+        tokens = torch.cat([input_ids, masks], dim=1)
+        positions = torch.cat([torch.arange(length, device=device)[None].expand(batch, -1), block_pos], dim=1)
+        total = length + m * gamma
+        allowed = torch.zeros(batch, total, total, dtype=torch.bool, device=device)
+        allowed[:, :length, :length] = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        key = torch.arange(length, device=device)
+        sees_prefix = key[None, None, :] < starts[:, :, None]  # [B, M, L]
+        allowed[:, length:, :length] = sees_prefix.repeat_interleave(gamma, dim=1)
+        block = torch.arange(m * gamma, device=device) // gamma
+        allowed[:, length:, length:] = (block[:, None] == block[None, :])[None]
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        hidden = base.model(
+            input_ids=tokens,
+            attention_mask=self._model_mask(allowed),
+            position_ids=positions,
+            use_cache=False,
+        ).last_hidden_state
+        if self.shift_logits:
+            # q_1 from the last prefix position (causal), q_j (j >= 2) from mask j - 1 of the block.
+            first = (starts - 1)[:, :, None]
+            rest = length + (torch.arange(m, device=device) * gamma)[None, :, None] + j[None, None, : gamma - 1]
+            rows = torch.cat([first, rest.expand(batch, -1, -1)], dim=2)
+        else:
+            rows = (length + (torch.arange(m, device=device) * gamma)[:, None] + j)[None].expand(batch, -1, -1)
+        picked = hidden.gather(1, rows.reshape(batch, -1, 1).expand(-1, -1, hidden.shape[-1]))
+        return base.lm_head(picked).reshape(batch, m, gamma, -1)
+
+    def reset(self) -> None:
+        self._cache = None
+        self._cached_ids = []
+
+    def _cached_window_logits(self, input_ids: torch.Tensor, gamma: int) -> torch.Tensor:
+        """Window logits for ``input_ids[1, L]`` reusing the prefix KV cache: runs the tokens not yet
+        cached plus the mask block, then drops the masks' keys/values again."""
+        from transformers import DynamicCache
+
+        ids = input_ids[0].tolist()
+        past = len(self._cached_ids)
+        # The cache must hold a strict prefix of this prefix (the last token always runs: when shifted
+        # its logit is q_1); otherwise roll back to the common part.
+        if past >= len(ids) or self._cached_ids != ids[:past]:
+            common = 0
+            limit = min(past, len(ids) - 1)
+            while common < limit and self._cached_ids[common] == ids[common]:
+                common += 1
+            if self._cache is not None and common < past:
+                self._cache.crop(common - past)
+            self._cached_ids = self._cached_ids[:common]
+            past = common
+        if self._cache is None:
+            self._cache = DynamicCache()
+        if self.max_positions is not None and len(ids) + gamma > int(self.max_positions):
+            raise ValueError(
+                f"prefix ({len(ids)} tokens) + gamma ({gamma}) exceeds the drafter's context of "
+                f"{self.max_positions} positions; use a smaller gamma or a shorter prompt"
+            )
+        new = input_ids[:, past:]
+        num_new = new.shape[1]
+        masks = torch.full((1, gamma), self.mask_token_id, dtype=input_ids.dtype, device=input_ids.device)
+        allowed = block_causal_allowed(past, num_new, gamma, input_ids.device)
+        out = self.model(
+            input_ids=torch.cat([new, masks], dim=1),
+            attention_mask=self._model_mask(allowed[None]),
+            position_ids=torch.arange(past, past + num_new + gamma, device=input_ids.device)[None],
+            cache=self._cache,
+            use_cache=True,
+            logits_to_keep=self._keep(gamma),
+        )
+        self._cache.crop(-gamma)
+        self._cached_ids = ids
+        return out.logits[:, :gamma]
 
     def _masked_input(self, input_ids: torch.Tensor, gamma: int, attention_mask: torch.Tensor | None):
         if input_ids.shape[1] == 0:
@@ -231,8 +381,11 @@ class DiffusionDrafter(Drafter):
         self, input_ids: torch.Tensor, gamma: int, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """:meth:`draft_logits` without ``no_grad`` (for streak-distillation)."""
-        tokens, mask, prefix_len = self._masked_input(input_ids, gamma, attention_mask)
-        return self._window(self.denoise_logits(tokens, mask), prefix_len, gamma)
+        if self.prefix_cache and attention_mask is None and input_ids.shape[0] == 1 and not torch.is_grad_enabled():
+            return self._cached_window_logits(input_ids, gamma)
+        tokens, mask, _ = self._masked_input(input_ids, gamma, attention_mask)
+        keep = self._keep(gamma)
+        return self.denoise_logits(tokens, mask, gamma=gamma, logits_to_keep=keep)[:, :gamma]
 
     @torch.no_grad()
     def propose(
@@ -258,7 +411,7 @@ class DiffusionDrafter(Drafter):
         masked = torch.ones(tokens.shape[0], gamma, dtype=torch.bool, device=tokens.device)
         per_step = math.ceil(gamma / self.steps)
         for step in range(self.steps):
-            logits = self._window(self.denoise_logits(tokens), prefix_len, gamma)
+            logits = self._window(self.denoise_logits(tokens, gamma=gamma), prefix_len, gamma)
             q = logits_to_probs(logits, temperature)  # [B*K, gamma, V]
             if probs is None:
                 probs = torch.zeros_like(q)
@@ -281,7 +434,8 @@ class DiffusionDrafter(Drafter):
     def __repr__(self) -> str:
         return (
             f"DiffusionDrafter({type(self.model).__name__}, mask_token_id={self.mask_token_id}, "
-            f"shift_logits={self.shift_logits}, steps={self.steps}, max_prefix_tokens={self.max_prefix_tokens})"
+            f"shift_logits={self.shift_logits}, steps={self.steps}, max_prefix_tokens={self.max_prefix_tokens}, "
+            f"attention={self.attention!r}, prefix_cache={self.prefix_cache})"
         )
 
 
