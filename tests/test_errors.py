@@ -31,7 +31,8 @@ PROMPT = torch.tensor([[1, 2, 3]])
         (dict(num_drafts=0), ValueError, "num_drafts"),
         (dict(acceptance="lenient"), ValueError, "unknown acceptance mode"),
         (dict(acceptance="standard", num_drafts=4), ValueError, "single draft"),
-        (dict(max_new_tokens=62), ValueError, "exceeds the verifier's context of 64"),
+        # 3 + 63 tokens feed 65 positions (the last new token is never fed): one too many
+        (dict(max_new_tokens=63), ValueError, "exceeds the verifier's context of 64"),
         (dict(max_new_tokens=0), ValueError, "max_new_tokens"),
         (dict(temperature=-1.0), ValueError, "temperature"),
         (dict(top_p=1.5), ValueError, "top_p"),
@@ -65,6 +66,20 @@ def test_verifier_generate_rejects_bad_input(pair):
         verifier_generate(verifier, torch.ones(1, 60, dtype=torch.long), max_new_tokens=10)
     with pytest.raises(ValueError, match="prompt is empty"):
         verifier_generate(verifier, torch.empty(1, 0, dtype=torch.long), max_new_tokens=10)
+
+
+def test_context_allows_exactly_what_fits(pair):
+    """The last emitted token is never fed to the verifier: a 64-token prompt on a 64-position
+    model may emit one token, and a 3-token prompt 62."""
+    verifier, drafter = pair
+    full = torch.arange(64).remainder(V - 1)[None]
+    assert verifier_generate(verifier, full, max_new_tokens=1).sequences.shape == (1, 65)
+    out = speculative_generate(verifier, drafter, full, max_new_tokens=1, gamma=4)
+    assert out.sequences.shape == (1, 65)
+    out = speculative_generate(verifier, drafter, PROMPT, max_new_tokens=62, gamma=4, temperature=0)
+    assert out.sequences.shape == (1, 65)
+    with pytest.raises(ValueError, match="lower max_new_tokens to 1"):
+        speculative_generate(verifier, drafter, full, max_new_tokens=2, gamma=4)
 
 
 def test_unsupported_attention_kernel_is_named():

@@ -208,9 +208,15 @@ class SpecDiffTrainer(L.Trainer):
 
 
 def _load_drafter_weights(model: L.LightningModule, ckpt_path: str | None) -> None:
+    """Load a ``fit`` checkpoint's drafter weights into ``model``, unpickling tensors and plain
+    data only (``weights_only=True``): a checkpoint from elsewhere cannot run code."""
     if ckpt_path is None:
         return
-    state = torch.load(ckpt_path, map_location="cpu", weights_only=False)["state_dict"]
+    from .decoding.config import DecodingConfig
+
+    # A module built in Python may keep its DecodingConfig (a plain dataclass) in the hyper-parameters.
+    with torch.serialization.safe_globals([DecodingConfig]):
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
     missing = [k for k in state if k not in model.state_dict()]
     if missing:
         raise ValueError(

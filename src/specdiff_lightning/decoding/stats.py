@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -32,6 +32,10 @@ class DecodingStats:
     ``verifier_calls`` counts the per-round forwards (not the prompt prefill, see
     ``prefill_calls``); ``mean_accepted`` excludes the token each round emits itself, while
     ``mean_tokens_per_call`` includes it (correction or bonus).
+
+    Acceptance counts only what was emitted: when decoding stops at an EOS inside a round, the
+    draft tokens accepted after it are thrown away and not counted (see :attr:`emitted_rounds`;
+    ``rounds`` keeps the raw trace).
     """
 
     gamma: int
@@ -45,8 +49,27 @@ class DecodingStats:
         return len(self.rounds)
 
     @property
+    def emitted_rounds(self) -> list[RoundStats]:
+        """The rounds as they count: the last one cut where the output ends.
+
+        The output stops at an EOS, so ``new_tokens`` can be fewer than the rounds emitted in
+        total; the surplus is the tail of the last round. A cut round keeps its first ``kept``
+        emitted tokens, all of them accepted draft tokens (the EOS was a draft token), so it
+        counts ``drafted = accepted = kept`` and no bonus.
+        """
+        surplus = sum(len(r.emitted) for r in self.rounds) - self.new_tokens
+        if not self.rounds or surplus <= 0:
+            return list(self.rounds)
+        last = self.rounds[-1]
+        kept = max(0, len(last.emitted) - surplus)
+        accepted = min(last.accepted, kept)
+        cut = replace(last, drafted=accepted, accepted=accepted, bonus=False, emitted=last.emitted[:kept])
+        return [*self.rounds[:-1], cut]
+
+    @property
     def accepted_tokens(self) -> int:
-        return sum(r.accepted for r in self.rounds)
+        """Accepted draft tokens that were emitted."""
+        return sum(r.accepted for r in self.emitted_rounds)
 
     @property
     def mean_accepted(self) -> float:
@@ -62,7 +85,7 @@ class DecodingStats:
     def position_reached(self) -> torch.Tensor:
         """``LongTensor[gamma]``: rounds in which draft position j was verified with 1..j-1 accepted."""
         counts = torch.zeros(self.gamma, dtype=torch.long)
-        for r in self.rounds:
+        for r in self.emitted_rounds:
             counts[: min(r.drafted, r.accepted + 1)] += 1
         return counts
 
@@ -70,7 +93,7 @@ class DecodingStats:
     def position_accepted(self) -> torch.Tensor:
         """``LongTensor[gamma]``: rounds in which draft position j was accepted."""
         counts = torch.zeros(self.gamma, dtype=torch.long)
-        for r in self.rounds:
+        for r in self.emitted_rounds:
             counts[: r.accepted] += 1
         return counts
 

@@ -43,25 +43,45 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}")
 
 
-def check_vocab(verifier: nn.Module, drafter_vocab_size: int) -> int:
-    """Drafter and verifier must score the same token ids; returns the shared vocab size."""
+def check_vocab(verifier: nn.Module, drafter_vocab_size: int, shared_vocab_size: int | None = None) -> int:
+    """Drafter and verifier must score the same token ids; returns the vocab size decoding uses.
+
+    ``shared_vocab_size`` (a drafter's ``vocab_limit``, set by
+    :func:`~specdiff_lightning.decoding.drafting.share_vocabulary` once the tokenizers agree) accepts
+    a pair whose sizes differ only by padding rows: both sides are then restricted to those ids.
+    """
     verifier_vocab = int(verifier.config.vocab_size)
+    if shared_vocab_size is not None:
+        if not 1 <= shared_vocab_size <= min(verifier_vocab, drafter_vocab_size):
+            raise ValueError(
+                f"the shared vocabulary ({shared_vocab_size} ids) exceeds the verifier's ({verifier_vocab}) or "
+                f"the drafter's ({drafter_vocab_size}) vocabulary"
+            )
+        return int(shared_vocab_size)
     if verifier_vocab != drafter_vocab_size:
         raise ValueError(
             f"vocabulary mismatch: the verifier has {verifier_vocab} token ids, the drafter {drafter_vocab_size}. "
             f"Speculative decoding needs drafter and verifier on the same tokenizer (e.g. DiffuCoder with "
-            f"Qwen2.5, DiffuLLaMA with Llama-2); resize the drafter's embeddings to the verifier's size if only "
-            f"padding rows differ."
+            f"Qwen2.5, DiffuLLaMA with Llama-2). If only padding rows differ (same tokenizer), call "
+            f"share_vocabulary(verifier, drafter, tokenizer, drafter_tokenizer) first."
         )
     return verifier_vocab
 
 
 def check_context(verifier: nn.Module, prompt_length: int, max_new_tokens: int) -> None:
+    """Refuse a prompt + ``max_new_tokens`` that would feed the verifier past its positions.
+
+    The verifier sees the prompt and every emitted token except the last (the last one is sampled
+    from the final forward and never fed back), so ``prompt_length + max_new_tokens - 1``
+    positions must fit: a 64-token prompt on a 64-position model may emit exactly one token.
+    """
     limit = getattr(verifier.config, "max_position_embeddings", None)
-    if limit is not None and prompt_length + max_new_tokens > limit:
+    needed = prompt_length + max_new_tokens - 1
+    if limit is not None and needed > limit:
         raise ValueError(
-            f"prompt ({prompt_length} tokens) + max_new_tokens ({max_new_tokens}) = {prompt_length + max_new_tokens} "
-            f"exceeds the verifier's context of {limit} positions; shorten the prompt or lower max_new_tokens"
+            f"prompt ({prompt_length} tokens) + max_new_tokens ({max_new_tokens}) needs {needed} positions (the "
+            f"last new token is never fed back), which exceeds the verifier's context of {limit} positions; "
+            f"shorten the prompt or lower max_new_tokens to {max(0, limit - prompt_length + 1)}"
         )
 
 
