@@ -55,6 +55,7 @@ def test_predict_writes_jsonl_and_summary(tmp_path, capsys):
     model = _module()
     metrics = DecodingMetrics()
     trainer = L.Trainer(
+        default_root_dir=tmp_path,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,

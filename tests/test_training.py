@@ -61,27 +61,27 @@ def _data(corpus, **kwargs):
     return DistillationDataModule(str(corpus / "train-*.jsonl"), str(corpus / "val-*.jsonl"), **args)
 
 
-def _validate(model, data):
-    result = L.Trainer(**QUIET).validate(model, data, verbose=False)[0]
+def _validate(model, data, root):
+    result = L.Trainer(default_root_dir=root, **QUIET).validate(model, data, verbose=False)[0]
     return result["val/streak"], [result[f"val/gamma_{j}"] for j in range(1, 9)]
 
 
 @pytest.mark.slow
-def test_streak_distillation_raises_streak_and_beats_ar_distillation(corpus):
+def test_streak_distillation_raises_streak_and_beats_ar_distillation(corpus, tmp_path):
     """The base drafter is pretrained with masked cross-entropy on the corpus; fine-tuning it with
     the streak objective raises the validation streak, and more so on later positions than the
     AR-distillation baseline trained the same way (the Fig. 2 shape)."""
     torch.manual_seed(0)
     base = _module(loss="masked_ce", lr=3e-3)
-    L.Trainer(max_epochs=4, **QUIET).fit(base, _data(corpus))
-    base_streak, _ = _validate(base, _data(corpus))
+    L.Trainer(max_epochs=4, default_root_dir=tmp_path, **QUIET).fit(base, _data(corpus))
+    base_streak, _ = _validate(base, _data(corpus), tmp_path)
     results = {}
     for loss in ("streak", "ar_distillation"):
         torch.manual_seed(0)
         model = _module(loss=loss, lr=1e-3)
         model.drafter_model.load_state_dict(base.drafter_model.state_dict())
-        L.Trainer(max_epochs=3, **QUIET).fit(model, _data(corpus))
-        results[loss] = _validate(model, _data(corpus))
+        L.Trainer(max_epochs=3, default_root_dir=tmp_path, **QUIET).fit(model, _data(corpus))
+        results[loss] = _validate(model, _data(corpus), tmp_path)
     streak, curve = results["streak"]
     ar_streak, ar_curve = results["ar_distillation"]
     print(f"base {base_streak:.3f}; streak {streak:.3f} {curve}; AR-distillation {ar_streak:.3f} {ar_curve}")
@@ -94,14 +94,14 @@ def test_streak_distillation_raises_streak_and_beats_ar_distillation(corpus):
 def test_checkpoint_holds_the_drafter_only_resumes_and_exports(corpus, tmp_path):
     model = _module(loss="streak", lr=1e-3)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=3)
-    L.Trainer(max_steps=3, callbacks=[ckpt], **QUIET).fit(model, _data(corpus))
+    L.Trainer(max_steps=3, callbacks=[ckpt], default_root_dir=tmp_path, **QUIET).fit(model, _data(corpus))
     state = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
     keys = state["state_dict"].keys()
     assert keys and all(k.startswith("drafter_model.") for k in keys)  # no verifier weights
     assert state["DistillationDataModule"] == {"epoch": 0, "consumed": 3 * 32}  # trained on, not prefetched
 
     resumed = _module(loss="streak", lr=1e-3)
-    trainer = L.Trainer(max_steps=6, **QUIET)
+    trainer = L.Trainer(max_steps=6, default_root_dir=tmp_path, **QUIET)
     trainer.fit(resumed, _data(corpus), ckpt_path=tmp_path / "ckpt" / "last.ckpt")
     assert trainer.global_step == 6
 
@@ -125,7 +125,9 @@ def test_lora_online_teacher_and_exact_variant(corpus, tmp_path):
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
-    L.Trainer(max_steps=2, limit_val_batches=1, callbacks=[ckpt], **QUIET).fit(model, _data(corpus))
+    L.Trainer(max_steps=2, limit_val_batches=1, callbacks=[ckpt], default_root_dir=tmp_path, **QUIET).fit(
+        model, _data(corpus)
+    )
     keys = torch.load(tmp_path / "last.ckpt", weights_only=False)["state_dict"].keys()
     assert keys and all("lora_" in k for k in keys)  # only the adapter is checkpointed
     model.export(tmp_path / "merged")
@@ -169,6 +171,7 @@ def test_cli_generate_corpus_fit_and_export(tmp_path, monkeypatch):
         ]
     )
     assert json.loads(Path("runs/tiny/corpus/manifest.json").read_text())["done"]
+    assert not Path("runs/tiny/lightning_logs").exists()  # generate-corpus logs nothing
     main(
         [
             "fit",
@@ -180,7 +183,10 @@ def test_cli_generate_corpus_fit_and_export(tmp_path, monkeypatch):
             "false",
         ]
     )
-    ckpt = next(Path("runs/tiny").rglob("last.ckpt"))
+    ckpt = Path("runs/tiny/checkpoints/last.ckpt")  # where tiny_predict.yaml's comment points
+    assert ckpt.is_file() and sorted(p.name for p in Path("runs/tiny/lightning_logs").iterdir()) == [
+        "version_0"
+    ]
     main(["export", "--config", str(config), "--ckpt_path", str(ckpt), "--output_dir", "exported"])
     assert DiffusionDrafter.from_pretrained("exported").mask_token_id == V - 1
 
@@ -210,6 +216,7 @@ def _ddp_fit(corpus, out, die_at_step=None, ckpt_dir=None, ckpt_path=None):
         max_epochs=1,
         limit_val_batches=0,
         callbacks=callbacks,
+        default_root_dir=out,
         **QUIET,
     )
     trainer.fit(_module(loss="streak", lr=1e-3), _data(corpus, batch_size=64), ckpt_path=ckpt_path)
