@@ -17,7 +17,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..constants import IGNORE_INDEX
+from ..models.continuations import left_pad, sample_continuations
 from .records import CorpusError
+from .tokenization import encode_prompt
 
 __all__ = ["load_prompts", "generate_corpus", "MANIFEST"]
 
@@ -54,9 +57,7 @@ def load_prompts(path: str | os.PathLike, tokenizer=None) -> list[dict]:
             else:
                 if tokenizer is None:
                     raise CorpusError(f"{where}: text prompts need a tokenizer (pass --tokenizer <path>)")
-                from .datamodule import _encode_prompt
-
-                ids = _encode_prompt(tokenizer, record["prompt"])
+                ids = encode_prompt(tokenizer, record["prompt"])
                 if not ids:
                     raise CorpusError(f"{where}: empty prompt")
             prompts.append(
@@ -106,37 +107,20 @@ def _write_records(path: Path, records: list[dict], fmt: str) -> None:
         _atomic_write(path, write)
 
 
-def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    length = max(map(len, rows))
-    ids = torch.full((len(rows), length), pad, dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, length - len(row) :] = torch.tensor(row, device=device)
-        mask[i, length - len(row) :] = 1
-    return ids, mask
-
-
-@torch.no_grad()
 def _sample(verifier, prompts, num_continuations, max_new_tokens, eos, pad, temperature) -> list[list[int]]:
-    ids, mask = _left_pad([p["prompt_ids"] for p in prompts], pad, verifier.device)
-    out = verifier.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        do_sample=True,
+    """``num_continuations`` consecutive continuations per prompt, each up to its EOS (kept)."""
+    ids, mask = left_pad([p["prompt_ids"] for p in prompts], pad, verifier.device)
+    out = sample_continuations(
+        verifier,
+        ids,
+        mask,
+        max_new_tokens,
         temperature=temperature,
-        top_k=0,  # generate() defaults to top_k=50: switch it off for the verifier's true distribution
-        top_p=1.0,
-        max_new_tokens=max_new_tokens,
-        num_return_sequences=num_continuations,
         eos_token_id=eos,
+        num_return_sequences=num_continuations,
         pad_token_id=pad,
-    )[:, ids.shape[1] :].tolist()
-    eos_ids = set([] if eos is None else ([eos] if isinstance(eos, int) else eos))
-    continuations = []
-    for row in out:
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
-        continuations.append(row[:cut])
-    return continuations
+    )
+    return [row[row != IGNORE_INDEX].tolist() for row in out]
 
 
 def generate_corpus(

@@ -20,27 +20,10 @@ from torch.utils.data import DataLoader
 from torch.utils.data import IterableDataset as TorchIterableDataset
 
 from .records import CorpusError, expand_files, iter_records
+from .tokenization import encode_prompt, load_tokenizer
 from .windows import collate_windows, cut_windows
 
 __all__ = ["DistillationDataModule", "tokenized_records"]
-
-
-@functools.lru_cache(maxsize=4)
-def _load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
-def _encode_prompt(tokenizer, prompt: str) -> list[int]:
-    if not prompt:
-        return []
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-        )
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
 
 def tokenized_records(
@@ -61,10 +44,10 @@ def tokenized_records(
                 f"{record['id']}: text records need a tokenizer; pass `tokenizer: <path>` to the data module "
                 f"(or store token ids as 'prompt_ids'/'continuation_ids')"
             )
-        tok = _load_tokenizer(tokenizer)
+        tok = load_tokenizer(tokenizer)
         yield {
             "id": record["id"],
-            "prompt_ids": _encode_prompt(tok, record["prompt"]),
+            "prompt_ids": encode_prompt(tok, record["prompt"]),
             "continuation_ids": tok(record["continuation"], add_special_tokens=False)["input_ids"],
         }
 

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .benchmarks import load_benchmark
-from .datamodule import _encode_prompt, _load_tokenizer
+from .tokenization import encode_prompt, load_tokenizer
 
 __all__ = ["PromptDataModule", "encode_prompts"]
 
@@ -23,7 +23,7 @@ def encode_prompts(
         else:
             if tokenizer is None:
                 raise ValueError(f"prompt {row['id']!r} is text: set `tokenizer` to the verifier's tokenizer")
-            ids = _encode_prompt(_load_tokenizer(tokenizer), row["prompt"])
+            ids = encode_prompt(load_tokenizer(tokenizer), row["prompt"])
         if not ids:
             raise ValueError(f"prompt {row['id']!r} is empty")
         if max_prompt_tokens is not None:

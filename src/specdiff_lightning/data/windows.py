@@ -6,7 +6,8 @@ import random
 
 import torch
 
-from ..training.losses import IGNORE_INDEX
+from ..constants import IGNORE_INDEX
+from ..models.continuations import left_pad
 
 __all__ = ["cut_windows", "collate_windows"]
 
@@ -47,13 +48,7 @@ def cut_windows(
 
 def collate_windows(windows: list[dict], pad_token_id: int = 0) -> dict:
     """Left-pad prefixes into ``prefix[B, L]`` with ``prefix_mask[B, L]``; ``targets[B, gamma]``."""
-    length = max(len(w["prefix"]) for w in windows)
-    prefix = torch.full((len(windows), length), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(windows), length), dtype=torch.long)
-    for i, w in enumerate(windows):
-        n = len(w["prefix"])
-        prefix[i, length - n :] = torch.tensor(w["prefix"], dtype=torch.long)
-        mask[i, length - n :] = 1
+    prefix, mask = left_pad([w["prefix"] for w in windows], pad_token_id)
     batch = {
         "prefix": prefix,
         "prefix_mask": mask,

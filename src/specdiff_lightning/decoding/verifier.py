@@ -7,7 +7,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from ..models.attention import check_custom_mask_support, to_model_mask
+from .attention import check_custom_mask_support, to_model_mask
 from .tree import DraftTree, tree_attention_allowed
 
 __all__ = ["TreeVerifier"]

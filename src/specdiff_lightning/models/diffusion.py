@@ -8,9 +8,9 @@ import os
 import torch
 from torch import nn
 
+from ..decoding.attention import check_custom_mask_support, to_model_mask
 from ..decoding.drafting import Drafter, Proposal, sample_from_marginals
 from ..decoding.sampling import logits_to_probs
-from .attention import check_custom_mask_support, to_model_mask
 from .families import DRAFTER_FAMILIES, SIDECAR_FILE, DrafterFamily, family_for_model_type
 
 # Re-exported: the family registry lives in .families.

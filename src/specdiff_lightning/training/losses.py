@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..constants import IGNORE_INDEX
 from ..decoding.sampling import compute_dtype
 
 __all__ = [
@@ -27,8 +28,6 @@ __all__ = [
     "streak_terms",
     "LOSSES",
 ]
-
-IGNORE_INDEX = -100
 
 
 def _up(x: torch.Tensor) -> torch.Tensor:

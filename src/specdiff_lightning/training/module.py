@@ -10,6 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from ..constants import IGNORE_INDEX
 from ..decoding.config import DecodingConfig
 from ..decoding.generate import speculative_generate, verifier_generate
 from ..decoding.timing import now
@@ -17,7 +18,7 @@ from ..decoding.validation import check_tokenizers, check_vocab
 from ..metrics import PositionalAcceptance, StreakLength
 from ..models.diffusion import DiffusionDrafter
 from ..models.loading import load_drafter, load_verifier
-from .losses import IGNORE_INDEX, LOSSES, streak_loss, streak_terms
+from .losses import LOSSES, streak_loss, streak_terms
 from .teacher import sample_continuations, verifier_window_logprobs
 
 __all__ = ["DrafterDistillation"]

@@ -12,10 +12,11 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
+from ..constants import IGNORE_INDEX
+from ..models.continuations import positions_from_mask
 from ..models.diffusion import DiffusionDrafter
 from ..models.tiny import tiny_model
-from .losses import IGNORE_INDEX, mdm_corrupt, mdm_loss
-from .teacher import positions_from_mask
+from .losses import mdm_corrupt, mdm_loss
 
 __all__ = ["CausalLMPretraining", "MaskedDiffusionPretraining", "window_sequences"]
 
