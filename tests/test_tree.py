@@ -94,3 +94,48 @@ def test_sliding_window_verifier_is_refused():
         pytest.skip("this transformers version builds no sliding-window layers for this config")
     with pytest.raises(ValueError, match="sliding-window"):
         TreeVerifier(model, torch.tensor([[1, 2]]))
+
+
+class _NoCopy:
+    """A TreeProbs that refuses to materialise K·(g+1)·V: rules must gather from the trie rows."""
+
+    def __new__(cls, node_probs, index):
+        from specdiff_lightning.decoding.tree import TreeProbs
+
+        class Strict(TreeProbs):
+            def dense(self):
+                raise AssertionError("TreeProbs materialised")
+
+        return Strict(node_probs, index)
+
+
+@pytest.mark.parametrize("rule", ["greedy", "recursive", "standard"])
+@pytest.mark.parametrize("seed", range(6))
+def test_tree_probs_give_the_rules_path_probs_verdicts_without_copying(rule, seed):
+    from specdiff_lightning.decoding import get_acceptance_rule, tree_probs
+
+    gen = torch.Generator().manual_seed(seed)
+    num_drafts = 1 if rule == "standard" else 5
+    drafts = torch.randint(0, 3, (num_drafts, 4), generator=gen)  # small alphabet: shared prefixes
+    tree = build_tree(1, drafts)
+    node_probs = torch.softmax(torch.randn(tree.size, 6, generator=gen, dtype=torch.float64) * 2, -1)
+    q = torch.softmax(torch.randn(1, 4, 6, generator=gen, dtype=torch.float64), -1).expand(num_drafts, -1, -1)
+    dense = path_probs(node_probs, tree)
+    lazy = tree_probs(node_probs, tree)
+    assert lazy.shape == dense.shape and torch.equal(lazy.dense(), dense)
+    assert torch.equal(lazy[2, 3], dense[2 % num_drafts, 3]) if num_drafts > 2 else True
+    strict = _NoCopy(node_probs, lazy.index)
+    for trial in range(20):
+        a = get_acceptance_rule(rule).verify(drafts, q, dense, torch.Generator().manual_seed(trial))
+        b = get_acceptance_rule(rule).verify(drafts, q, strict, torch.Generator().manual_seed(trial))
+        assert a == b
+
+
+def test_tree_probs_memory_is_the_trie_rows():
+    from specdiff_lightning.decoding import tree_probs
+
+    drafts = torch.zeros(8, 32, dtype=torch.long)  # 8 identical drafts: a 33-node chain
+    tree = build_tree(0, drafts)
+    lazy = tree_probs(torch.rand(tree.size, 1000), tree)
+    assert lazy.node_probs.shape == (33, 1000) and lazy.shape == (8, 33, 1000)
+    assert lazy.token_probs(drafts).shape == (8, 32)

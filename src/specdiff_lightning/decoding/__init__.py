@@ -17,7 +17,7 @@ from .drafting import Drafter, Proposal, sample_from_marginals
 from .generate import speculative_generate, verifier_generate
 from .sampling import logits_to_probs, sample_tokens
 from .stats import DecodingStats, GenerationOutput, RoundStats
-from .tree import DraftTree, build_tree, path_probs, tree_attention_allowed
+from .tree import DraftTree, TreeProbs, build_tree, path_probs, tree_attention_allowed, tree_probs
 from .validation import check_tokenizers
 from .verifier import TreeVerifier
 
@@ -33,6 +33,7 @@ __all__ = [
     "RecursiveAcceptance",
     "RoundStats",
     "StandardAcceptance",
+    "TreeProbs",
     "TreeVerifier",
     "Verdict",
     "accept_greedy",
@@ -48,5 +49,6 @@ __all__ = [
     "sample_tokens",
     "speculative_generate",
     "tree_attention_allowed",
+    "tree_probs",
     "verifier_generate",
 ]

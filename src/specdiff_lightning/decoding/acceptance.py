@@ -84,7 +84,7 @@ def accept_greedy(draft: torch.Tensor, p: torch.Tensor, generator: torch.Generat
     u = torch.rand(gamma, generator=generator, dtype=p.dtype, device=p.device)
     a = _first_rejection(u < px)
     if a == gamma:
-        return Verdict(gamma, int(sample_tokens(p[gamma : gamma + 1], generator)))
+        return Verdict(gamma, int(sample_tokens(p[gamma][None], generator)))
     residual = p[a].clone()
     residual[draft[a]] = 0
     residual = _normalise(residual, p[a])
@@ -108,7 +108,7 @@ def accept_standard(
     # u * q < p  <=>  u < min(1, p/q), without dividing by a zero q.
     a = _first_rejection(u * qx < px)
     if a == gamma:
-        return Verdict(gamma, int(sample_tokens(p[gamma : gamma + 1], generator)))
+        return Verdict(gamma, int(sample_tokens(p[gamma][None], generator)))
     residual = _normalise(torch.clamp(p[a] - q[a].to(p.dtype), min=0), p[a])
     return Verdict(a, int(sample_tokens(residual[None], generator)))
 
@@ -123,27 +123,54 @@ def accept_recursive(
     Exact because the j-th tokens of the matching drafts are i.i.d. from ``q_j`` given the prefix
     (duplicates are kept on purpose).
 
+    The walk is written with tensor masks instead of Python branches, so it never waits for the
+    device inside the K·g candidate loop: the coins are drawn up front, every step is a tensor op,
+    and the host reads the verdict once at the end (constant syncs per round).
+
     Args:
         drafts: ``LongTensor[K, g]``; q: ``FloatTensor[K, g, V]``; p: ``FloatTensor[K, g + 1, V]``
-            (rows of drafts sharing a prefix agree on it).
+            (rows of drafts sharing a prefix agree on it; a :class:`~specdiff_lightning.decoding.tree.TreeProbs`
+            works too).
     """
     num_drafts, gamma = drafts.shape
-    rows = drafts.tolist()
-    candidates = list(range(num_drafts))
+    device, dtype = p.device, p.dtype
+    drafts = drafts.to(device)
+    coins = torch.rand(num_drafts, gamma, generator=generator, dtype=dtype, device=device)
+    alive = torch.ones(num_drafts, dtype=torch.bool, device=device)  # drafts matching the accepted prefix
+    running = torch.ones((), dtype=torch.bool, device=device)  # no rejection of a whole depth yet
+    num_accepted = torch.full((), gamma, dtype=torch.long, device=device)
+    chosen = torch.zeros((), dtype=torch.long, device=device)
+    final = None  # the distribution the emitted token is drawn from
     for j in range(gamma):
-        r = p[candidates[0], j]
-        for k in candidates:
-            x = rows[k][j]
-            qx = q[k, j, x].to(r.dtype)
-            u = torch.rand((), generator=generator, dtype=r.dtype, device=r.device)
-            if u * qx < r[x]:
-                candidates = [c for c in candidates if rows[c][j] == x]
-                break
-            r = _normalise(torch.clamp(r - q[k, j].to(r.dtype), min=0), r)
-        else:
-            return Verdict(j, int(sample_tokens(r[None], generator)), candidates[0])
-    k = candidates[0]
-    return Verdict(gamma, int(sample_tokens(p[k, gamma : gamma + 1], generator)), k)
+        first = torch.argmax(alive.to(torch.uint8))  # first draft still matching (alive is never empty)
+        r = p[first, j]
+        accepted = torch.zeros((), dtype=torch.bool, device=device)
+        token = torch.full((), -1, dtype=torch.long, device=device)
+        for k in range(num_drafts):
+            trying = running & alive[k] & ~accepted
+            x = drafts[k, j]
+            q_kj = q[k, j].to(dtype)
+            hit = trying & (coins[k, j] * q_kj[x] < r[x])
+            token = torch.where(hit, x, token)
+            accepted = accepted | hit
+            residual = torch.clamp(r - q_kj, min=0)
+            total = residual.sum()
+            residual = torch.where(total > 0, residual / torch.where(total > 0, total, 1), r)
+            r = torch.where(trying & ~hit, residual, r)
+        rejected = running & ~accepted  # every matching draft failed at depth j: emit from r
+        final = r if final is None else torch.where(rejected, r, final)
+        num_accepted = torch.where(rejected, j, num_accepted)
+        chosen = torch.where(rejected, first, chosen)
+        running = running & accepted
+        alive = alive & (drafts[:, j] == token)
+    # All g accepted: the bonus token after the first draft that survived.
+    first = torch.argmax(alive.to(torch.uint8))
+    bonus = p[first, gamma]
+    final = bonus if final is None else torch.where(running, bonus, final)
+    chosen = torch.where(running, first, chosen)
+    token = sample_tokens(final[None], generator)[0]
+    num_accepted, next_token, chosen = torch.stack([num_accepted, token, chosen]).tolist()  # the one sync
+    return Verdict(num_accepted, next_token, chosen)
 
 
 class AcceptanceRule(ABC):
@@ -174,7 +201,10 @@ class AcceptanceRule(ABC):
 
 
 def _token_probs(p: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
-    """``FloatTensor[K, g]``: p of each draft token in its own context."""
+    """``FloatTensor[K, g]``: p of each draft token in its own context (K·g scalars gathered from
+    the trie rows when ``p`` is a :class:`~specdiff_lightning.decoding.tree.TreeProbs`)."""
+    if hasattr(p, "token_probs"):
+        return p.token_probs(drafts)
     return p[:, :-1].gather(-1, drafts[..., None]).squeeze(-1)
 
 

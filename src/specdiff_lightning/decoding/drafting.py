@@ -6,10 +6,19 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from .sampling import logits_to_probs
+from .validation import check_tokenizers
 
-__all__ = ["Proposal", "Drafter", "sample_from_marginals"]
+__all__ = [
+    "Proposal",
+    "Drafter",
+    "sample_from_marginals",
+    "derived_generator",
+    "model_device",
+    "share_vocabulary",
+]
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,21 @@ class Proposal:
 
     def truncate(self, gamma: int) -> Proposal:
         return Proposal(self.tokens[..., :gamma], self.probs[..., :gamma, :], self.exact_q)
+
+    def to(self, device: torch.device | str) -> Proposal:
+        """The same proposal on ``device`` (one copy of the tokens and one of the distributions).
+
+        ``probs`` shared by all K drafts (an expanded view, as :func:`sample_from_marginals` returns)
+        is moved once, not K times, and stays a view."""
+        device = torch.device(device)
+        if self.tokens.device == device and self.probs.device == device:
+            return self
+        probs = self.probs
+        if probs.dim() == 4 and probs.shape[1] > 1 and probs.stride(1) == 0:
+            probs = probs[:, :1].to(device).expand(probs.shape)
+        else:
+            probs = probs.to(device)
+        return Proposal(self.tokens.to(device), probs, self.exact_q)
 
 
 def sample_from_marginals(
@@ -52,11 +76,63 @@ def sample_from_marginals(
     return Proposal(tokens, q[:, None].expand(batch, num_drafts, gamma, vocab))
 
 
+def derived_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator for ``device`` when ``generator`` lives on another one.
+
+    One ``torch.Generator`` cannot serve two devices (``multinomial`` refuses it), so a drafter on
+    its own device draws from a generator of its own, seeded each round with one number drawn from
+    the caller's ``generator``: runs stay reproducible from the caller's seed, the drafter's
+    randomness is independent of the acceptance coins (a fresh seed per round, never the caller's
+    seed itself: two CUDA generators seeded alike would produce the same stream), and it costs one
+    small draw (one host read if the caller's generator is on a GPU) per round. None passes through
+    (global RNG of each device); a generator already on ``device`` is used as it is.
+    """
+    if generator is None or torch.device(generator.device) == torch.device(device):
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where a (possibly ``device_map``-sharded) HF model takes its inputs: its input embeddings' device."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is not None and getattr(embeddings, "weight", None) is not None:
+        return embeddings.weight.device
+    return next(model.parameters()).device
+
+
 class Drafter(ABC):
     """Anything that proposes draft windows for a prefix."""
 
-    #: size of the drafter's output distribution (must equal the verifier's)
+    #: size of the drafter's output distribution (rows of its output layer)
     vocab_size: int
+    #: when set (:meth:`restrict_vocab`), proposals cover token ids ``[0, vocab_limit)`` only
+    vocab_limit: int | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """Where the drafter takes its inputs (its model's input-embedding device)."""
+        return model_device(self.model)
+
+    @property
+    def proposal_vocab_size(self) -> int:
+        """The last dimension of this drafter's ``Proposal.probs``."""
+        return self.vocab_size if self.vocab_limit is None else self.vocab_limit
+
+    def restrict_vocab(self, size: int | None) -> None:
+        """Draft over token ids ``[0, size)`` only (``q`` is the softmax over those logits).
+
+        For pairs whose embedding matrices differ only by padding rows (e.g. 151,936 vs 152,064 on
+        the Qwen2.5 tokenizer): both sides are restricted to the shared ids; see
+        :func:`~specdiff_lightning.decoding.sampling.restrict_vocab`. None: no restriction."""
+        if size is not None and not 1 <= int(size) <= self.vocab_size:
+            raise ValueError(
+                f"restrict_vocab({size}) must lie in [1, {self.vocab_size}] (the drafter's vocabulary)"
+            )
+        self.vocab_limit = None if size is None else int(size)
+
+    def _restrict_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.vocab_limit is None else logits[..., : self.vocab_limit]
 
     @abstractmethod
     def propose(
@@ -71,3 +147,26 @@ class Drafter(ABC):
 
     def reset(self) -> None:  # noqa: B027 (an optional hook, not abstract)
         """Forget per-sequence state (called at the start of every generation)."""
+
+
+def share_vocabulary(verifier: nn.Module, drafter: Drafter, tokenizer, drafter_tokenizer=None) -> int:
+    """Accept a pair whose vocabularies differ only by padding rows; returns the shared size.
+
+    The tokenizers must agree id for id (:func:`check_tokenizers`) and every tokenizer id must lie
+    below both models' sizes; then the drafter proposes over the ``min`` of the two sizes
+    (:meth:`Drafter.restrict_vocab`) and the verifier's logits are restricted to the same ids
+    (:func:`~specdiff_lightning.decoding.sampling.restrict_vocab`). A real mismatch stays an error.
+    """
+    check_tokenizers(tokenizer, drafter_tokenizer if drafter_tokenizer is not None else tokenizer)
+    verifier_vocab, drafter_vocab = int(verifier.config.vocab_size), int(drafter.vocab_size)
+    if verifier_vocab == drafter_vocab:
+        drafter.restrict_vocab(None)
+        return verifier_vocab
+    shared = min(verifier_vocab, drafter_vocab)
+    if len(tokenizer) > shared:
+        raise ValueError(
+            f"vocabulary mismatch: the tokenizer has {len(tokenizer)} ids but the verifier embeds {verifier_vocab} "
+            f"and the drafter {drafter_vocab}; only padding rows above the tokenizer's ids may differ"
+        )
+    drafter.restrict_vocab(shared)
+    return shared

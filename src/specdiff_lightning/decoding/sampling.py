@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-__all__ = ["logits_to_probs", "sample_tokens", "compute_dtype"]
+__all__ = ["logits_to_probs", "sample_tokens", "compute_dtype", "restrict_vocab"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -59,3 +59,21 @@ def logits_to_probs(
 def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row: ``probs[N, V] -> LongTensor[N]``."""
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def restrict_vocab(logits: torch.Tensor, size: int | None) -> torch.Tensor:
+    """The logits of token ids ``[0, size)`` only (a view; None or the full size: unchanged).
+
+    For drafter/verifier pairs whose embedding matrices differ only by padding rows (same
+    tokenizer; e.g. Qwen2.5-0.5B/1.5B with 151,936 rows against 7B/72B with 152,064): both sides
+    are restricted to the shared ids, the drafter inside its proposal
+    (:meth:`~specdiff_lightning.decoding.drafting.Drafter.restrict_vocab`), the verifier by calling
+    this on its logits before :func:`logits_to_probs`. The distribution preserved is then the
+    verifier's conditioned on a shared id: identical wherever the padding rows get no mass, which
+    holds for ids no tokenizer produces.
+    """
+    if size is None or logits.shape[-1] == size:
+        return logits
+    if size > logits.shape[-1]:
+        raise ValueError(f"cannot restrict {logits.shape[-1]} logits to {size} ids")
+    return logits[..., :size]

@@ -31,11 +31,18 @@ class TreeVerifier:
         self.dtype = next(model.parameters()).dtype
         self.cache = DynamicCache(config=model.config)
         for layer in self.cache.layers:
-            if isinstance(layer, DynamicSlidingWindowLayer) or not isinstance(layer, DynamicLayer):
+            # Exactly DynamicLayer: compaction (commit) is proven for its keys/values only. Subclasses
+            # (sliding-window, hybrid linear/full attention, indexed layers) carry more state that
+            # would keep rejected tree nodes, so they are refused even though isinstance() passes.
+            if type(layer) is not DynamicLayer:
+                hint = (
+                    " (disable sliding-window attention, e.g. config.use_sliding_window=False)"
+                    if isinstance(layer, DynamicSlidingWindowLayer)
+                    else ""
+                )
                 raise ValueError(
                     f"the verifier's cache uses {type(layer).__name__} layers; tree verification compacts "
-                    f"full-attention DynamicCache layers only (disable sliding-window attention, e.g. "
-                    f"config.use_sliding_window=False)"
+                    f"plain full-attention DynamicLayer caches only{hint}"
                 )
         self.forward_calls = 0
         self.pending = int(input_ids[0, -1])

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..decoding.drafting import Drafter, Proposal
+from ..decoding.drafting import Drafter, Proposal, derived_generator
 from ..decoding.sampling import logits_to_probs, sample_tokens
 
 __all__ = ["AutoregressiveDrafter"]
@@ -18,6 +18,16 @@ class AutoregressiveDrafter(Drafter):
     The cache survives across rounds: on each call it is cropped to the longest common prefix of
     what it holds and the new context, so only the newly committed tokens are re-read.
     ``q_j`` is ``softmax(logits_j / T)`` conditioned on the earlier draft tokens (exact for ``standard``).
+
+    The drafter may sit on another device than the verifier: the context crosses to the drafter's
+    device once per round (as the token list it already is), the proposal comes back to the
+    caller's device once, and sampling uses a generator on the drafter's device
+    (:func:`~specdiff_lightning.decoding.drafting.derived_generator`).
+
+    Its cache is a plain ``DynamicCache()`` (full-attention layers whatever the config says): the
+    model still applies its own sliding-window mask, while the cache keeps every position so that
+    cropping back to the accepted prefix always works (a sliding-window layer cannot be cropped
+    once its window is full).
 
     Args:
         model: a HF causal LM sharing the verifier's tokenizer.
@@ -45,16 +55,16 @@ class AutoregressiveDrafter(Drafter):
         while common < limit and self._cached[common] == context[common]:
             common += 1
         if self._cache is None:
-            self._cache = DynamicCache(config=self.model.config)
+            # Not DynamicCache(config=...): that builds sliding-window layers whose crop() raises.
+            self._cache = DynamicCache()
         elif len(self._cached) > common:
             self._cache.crop(-(len(self._cached) - common))
         self._cached = context[:common]
-        return torch.tensor([context[common:]], dtype=torch.long, device=self.model.device)
+        return torch.tensor([context[common:]], dtype=torch.long, device=self.device)
 
     def _step(self, tokens: torch.Tensor) -> torch.Tensor:
         out = self.model(input_ids=tokens, cache=self._cache, use_cache=True, logits_to_keep=1)
-        self._cached += tokens[0].tolist()
-        return out.logits[:, -1]
+        return self._restrict_logits(out.logits[:, -1])
 
     @torch.no_grad()
     def propose(
@@ -70,7 +80,10 @@ class AutoregressiveDrafter(Drafter):
                 "AutoregressiveDrafter drafts one sequence and one draft at a time (batch 1, num_drafts=1); "
                 "use a DiffusionDrafter for multi-draft self-selection"
             )
-        logits = self._step(self._sync(input_ids[0].tolist()))
+        home = input_ids.device
+        generator = derived_generator(generator, self.device)
+        context = input_ids[0].tolist()
+        logits = self._step(self._sync(context))
         tokens, probs = [], []
         for j in range(gamma):
             q = logits_to_probs(logits, temperature)  # [1, V]
@@ -81,7 +94,10 @@ class AutoregressiveDrafter(Drafter):
                 logits = self._step(token[:, None])
         tokens_t = torch.stack(tokens, dim=-1)[:, None]  # [1, 1, gamma]
         probs_t = torch.stack(probs, dim=1)[:, None]  # [1, 1, gamma, V]
-        return Proposal(tokens_t, probs_t)
+        # The cache now holds the context and every draft token but the last: one host read per
+        # round for this bookkeeping, not one per drafted token.
+        self._cached = context + tokens_t[0, 0, : gamma - 1].tolist()
+        return Proposal(tokens_t, probs_t).to(home)
 
     def __repr__(self) -> str:
         return f"AutoregressiveDrafter({type(self.model).__name__})"

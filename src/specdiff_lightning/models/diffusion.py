@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..decoding.attention import check_custom_mask_support, to_model_mask
-from ..decoding.drafting import Drafter, Proposal, sample_from_marginals
+from ..decoding.drafting import Drafter, Proposal, derived_generator, sample_from_marginals
 from ..decoding.sampling import logits_to_probs
 from .families import DRAFTER_FAMILIES, SIDECAR_FILE, DrafterFamily, family_for_model_type
 
@@ -396,11 +396,16 @@ class DiffusionDrafter(Drafter):
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
     ) -> Proposal:
+        # Cross devices once per round: the context in, the proposal back (see Drafter.device).
+        home = input_ids.device
+        input_ids = input_ids.to(self.device)
+        generator = derived_generator(generator, self.device)
         if self.steps == 1:
-            return sample_from_marginals(
-                self.draft_logits(input_ids, gamma), num_drafts, temperature, generator
-            )
-        return self._propose_multistep(input_ids, gamma, num_drafts, temperature, generator)
+            logits = self._restrict_logits(self.draft_logits(input_ids, gamma))
+            proposal = sample_from_marginals(logits, num_drafts, temperature, generator)
+        else:
+            proposal = self._propose_multistep(input_ids, gamma, num_drafts, temperature, generator)
+        return proposal.to(home)
 
     def _propose_multistep(self, input_ids, gamma, num_drafts, temperature, generator) -> Proposal:
         """Progressive unmasking, most confident sampled tokens first, one trajectory per draft."""
@@ -411,7 +416,9 @@ class DiffusionDrafter(Drafter):
         masked = torch.ones(tokens.shape[0], gamma, dtype=torch.bool, device=tokens.device)
         per_step = math.ceil(gamma / self.steps)
         for step in range(self.steps):
-            logits = self._window(self.denoise_logits(tokens, gamma=gamma), prefix_len, gamma)
+            logits = self._restrict_logits(
+                self._window(self.denoise_logits(tokens, gamma=gamma), prefix_len, gamma)
+            )
             q = logits_to_probs(logits, temperature)  # [B*K, gamma, V]
             if probs is None:
                 probs = torch.zeros_like(q)
