@@ -96,3 +96,37 @@ def test_bench_layers_match_the_bench_signature(path):
 
 def test_every_config_is_covered():
     assert len(MODEL_CONFIGS) >= 12 and BENCH_LAYERS
+
+
+DRAFTER_CONFIGS = [
+    p
+    for p in MODEL_CONFIGS
+    if ((yaml.safe_load(p.read_text())["model"].get("init_args") or {}).get("drafter_kwargs") or {}).get(
+        "family"
+    )
+]
+
+
+@pytest.mark.parametrize("path", DRAFTER_CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
+def test_paper_drafters_load_through_the_stock_route(path, tmp_path):
+    """The config's drafter family, from a tiny checkpoint laid out like the published one (its own
+    config.json, model_type, auto_map, tensor names; its remote-code files raise on import), loads
+    with the config's drafter_kwargs into a stock transformers class; so does the `export` of it
+    that the predict configs point at."""
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
+
+    from hub_layout import HUB_WRITERS
+    from specdiff_lightning.models.loading import load_drafter
+
+    kwargs = dict(yaml.safe_load(path.read_text())["model"]["init_args"]["drafter_kwargs"])
+    family = kwargs["family"]
+    assert "trust_remote_code" not in kwargs
+    kwargs.pop("device_map", None)
+    checkpoint = HUB_WRITERS[family](tmp_path / "hub")
+    drafter = load_drafter(str(checkpoint), **kwargs)
+    stock = {"qwen2": Qwen2ForCausalLM, "llama": LlamaForCausalLM}[DRAFTER_FAMILIES[family].stock_class]
+    assert type(drafter.model) is stock and drafter._stock
+    assert drafter.shift_logits is DRAFTER_FAMILIES[family].shift_logits
+    drafter.save_pretrained(tmp_path / "export")
+    again = load_drafter(str(tmp_path / "export"), **kwargs)
+    assert type(again.model) is stock and again.mask_token_id == drafter.mask_token_id
