@@ -51,7 +51,7 @@ def test_streak_objective_expectations_agree_with_enumeration(seed, temperature)
         targets = torch.tensor([x])
         sampled += prob * float(streak_loss(draft_logits, targets, temperature)[1])
         rao_blackwell += prob * float(
-            expected_streak_loss(draft_logits, targets, _path_logprobs(table, x), temperature)[1]
+            expected_streak_loss(draft_logits, targets, temperature, _path_logprobs(table, x))[1]
         )
     # Expected accepted length of a draft y ~ prod_k q_k verified by greedy acceptance.
     accepted = 0.0
@@ -85,9 +85,8 @@ def test_gradients_finite_for_long_windows_with_tiny_probabilities():
     logits.requires_grad_(True)
     targets = torch.randint(1, 50, (2, 32))
     logp = torch.log_softmax(torch.randn(2, 32, 50), -1)
-    for name, (fn, needs_p) in LOSSES.items():
-        args = (logits, targets, logp) if needs_p else (logits, targets)
-        loss, streak = fn(*args)
+    for name, fn in LOSSES.items():  # one signature for every objective
+        loss, streak = fn(logits, targets, 1.0, logp)
         (grad,) = torch.autograd.grad(loss, logits)
         assert torch.isfinite(loss) and torch.isfinite(grad).all() and torch.isfinite(streak).all(), name
 
@@ -104,8 +103,8 @@ def test_ar_distillation_only_trains_the_first_position():
 def test_baselines_vanish_at_a_perfect_drafter():
     logp = torch.log_softmax(torch.randn(1, 3, 6, dtype=torch.float64), -1)
     targets = torch.tensor([[0, 1, 2]])
-    assert float(tv_loss(logp, targets, logp)[0]) == pytest.approx(0.0, abs=1e-12)
-    assert float(forward_kl_loss(logp, targets, logp)[0]) == pytest.approx(0.0, abs=1e-12)
+    assert float(tv_loss(logp, targets, verifier_logprobs=logp)[0]) == pytest.approx(0.0, abs=1e-12)
+    assert float(forward_kl_loss(logp, targets, verifier_logprobs=logp)[0]) == pytest.approx(0.0, abs=1e-12)
     ce = masked_ce_loss(logp, targets)[0]
     assert float(ce) == pytest.approx(-float(logp[0, [0, 1, 2], [0, 1, 2]].mean()))
 
@@ -123,3 +122,13 @@ def test_mdm_loss_weights_masked_tokens_by_inverse_t():
     assert float(shifted) == pytest.approx(float((ce_s * masked[0, 1:]).sum() / t / 4), rel=1e-5)
     _, never, _ = mdm_corrupt(tokens, 9, valid=torch.zeros_like(tokens, dtype=torch.bool))
     assert not never.any()
+
+
+def test_objectives_declare_their_need_for_verifier_distributions():
+    from specdiff_lightning.training.losses import needs_verifier_logprobs
+
+    needs = {name for name, fn in LOSSES.items() if needs_verifier_logprobs(fn)}
+    assert needs == {"expected_streak", "tv", "forward_kl"}
+    logits, targets = torch.randn(1, 3, 6), torch.tensor([[0, 1, 2]])
+    with pytest.raises(ValueError, match="needs verifier_logprobs"):
+        tv_loss(logits, targets, 1.0)

@@ -75,10 +75,12 @@ class PositionalAcceptance(Metric):
         self.accepted = self.accepted + torch.nn.functional.pad(accepted, (0, pad)).to(self.accepted.device)
         self.reached = self.reached + torch.nn.functional.pad(reached, (0, pad)).to(self.reached.device)
 
-    def update_from_streak_terms(self, terms: torch.Tensor) -> None:
+    def update_from_streak_terms(self, terms: torch.Tensor, valid: torch.Tensor | None = None) -> None:
         """Expected counts from ``P_j = prod_{k<=j} q_k(x_k)`` (``[B, g]``): accepted_j = P_j,
-        reached_j = P_{j-1} with P_0 = 1."""
+        reached_j = P_{j-1} with P_0 = 1, and 0 where ``valid`` is False (past a window's end)."""
         reached = torch.cat([torch.ones_like(terms[..., :1]), terms[..., :-1]], dim=-1)
+        if valid is not None:
+            reached = reached * valid
         self.update(terms.detach(), reached.detach())
 
     def compute(self) -> torch.Tensor:

@@ -11,6 +11,7 @@ from .losses import (
     mdm_loss,
     streak_loss,
     tv_loss,
+    uses_verifier_logprobs,
 )
 from .module import DrafterDistillation
 from .pretraining import CausalLMPretraining, MaskedDiffusionPretraining
@@ -29,4 +30,5 @@ __all__ = [
     "mdm_loss",
     "streak_loss",
     "tv_loss",
+    "uses_verifier_logprobs",
 ]

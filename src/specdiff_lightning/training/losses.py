@@ -3,11 +3,18 @@
 Shapes: ``draft_logits[B, g, V]`` are the drafter's window logits (row k is ``q_k(. | s)``);
 ``targets[B, g]`` the verifier's continuation ``x_1..x_g`` with ``IGNORE_INDEX`` where a window ended
 early (EOS / end of record); ``verifier_logprobs[B, g, V]`` are ``log p(. | s ⊕ x_<k)``.
-Every function returns ``(loss, expected_streak[B])``: the scalar to minimise and the drafter's
-expected accepted streak on the batch (the validation signal).
+
+Every objective has one signature, ``fn(draft_logits, targets, temperature=1.0,
+verifier_logprobs=None) -> (loss, expected_streak[B])``: the scalar to minimise and the drafter's
+expected accepted streak on the batch (the validation signal). An objective that needs the
+verifier's distributions declares it with :func:`uses_verifier_logprobs`; the training loop then
+computes them, and calls every objective the same way.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +33,9 @@ __all__ = [
     "mdm_corrupt",
     "mdm_loss",
     "streak_terms",
+    "window_streak_terms",
+    "uses_verifier_logprobs",
+    "needs_verifier_logprobs",
     "LOSSES",
 ]
 
@@ -52,23 +62,54 @@ def streak_terms(log_factors: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
     return torch.exp(torch.cumsum(log_factors, dim=-1)) * valid
 
 
-def streak_loss(
+def uses_verifier_logprobs(fn: Callable) -> Callable:
+    """Declare that objective ``fn`` reads ``verifier_logprobs`` (it then refuses ``None``)."""
+
+    @functools.wraps(fn)
+    def checked(draft_logits, targets, temperature=1.0, verifier_logprobs=None):
+        if verifier_logprobs is None:
+            raise ValueError(f"{fn.__name__} needs verifier_logprobs [B, g, V] (log p(. | s ⊕ x_<k))")
+        return fn(draft_logits, targets, temperature, verifier_logprobs)
+
+    checked.needs_verifier_logprobs = True
+    return checked
+
+
+def needs_verifier_logprobs(fn: Callable) -> bool:
+    """Whether objective ``fn`` was declared with :func:`uses_verifier_logprobs`."""
+    return bool(getattr(fn, "needs_verifier_logprobs", False))
+
+
+def window_streak_terms(
     draft_logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """``P_j = prod_{k<=j} q_k(x_k | s)``, j = 1..g: the probability that greedy acceptance keeps
+    the first j draft tokens when the verifier's path is ``x`` (``[B, g]``, 0 past the window's
+    end). Summed over j: the expected streak; per position: the positional acceptance counts."""
+    return streak_terms(_target_logprobs(draft_logits, targets, temperature), _valid(targets))
+
+
+def streak_loss(
+    draft_logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    verifier_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Streak-distillation (Def. 5.1): ``-E[ sum_j prod_{k<=j} q_k(x_k | s) ]`` along verifier paths.
 
     Its expectation over ``x ~ P(. | s)`` equals the expected accepted length of a draft sampled
     from ``prod q_k`` under greedy acceptance.
     """
-    streak = streak_terms(_target_logprobs(draft_logits, targets, temperature), _valid(targets)).sum(-1)
+    streak = window_streak_terms(draft_logits, targets, temperature).sum(-1)
     return -streak.mean(), streak.detach()
 
 
+@uses_verifier_logprobs
 def expected_streak_loss(
     draft_logits: torch.Tensor,
     targets: torch.Tensor,
-    verifier_logprobs: torch.Tensor,
     temperature: float = 1.0,
+    verifier_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The lower-variance variant: the last factor of each term replaced by its expectation,
     ``sum_j (prod_{k<j} q_k(x_k)) <q_j, p_j>`` with ``p_j = p(. | s ⊕ x_<j)``.
@@ -93,7 +134,10 @@ def _with_streak(loss, draft_logits, targets, temperature):
 
 
 def ar_distillation_loss(
-    draft_logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+    draft_logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    verifier_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The "AR-distillation" baseline: the window-1 objective (aligns only the first position)."""
     loss, _ = streak_loss(draft_logits[:, :1], targets[:, :1], temperature)
@@ -104,11 +148,12 @@ def _position_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return (values * valid).sum() / valid.sum().clamp_min(1)
 
 
+@uses_verifier_logprobs
 def tv_loss(
     draft_logits: torch.Tensor,
     targets: torch.Tensor,
-    verifier_logprobs: torch.Tensor,
     temperature: float = 1.0,
+    verifier_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DistillSpec-style baseline: position-averaged total variation ``1 - sum_x min(p, q)``."""
     q = F.softmax(_up(draft_logits) / temperature, dim=-1)
@@ -116,11 +161,12 @@ def tv_loss(
     return _with_streak(_position_mean(tv, _valid(targets)), draft_logits, targets, temperature)
 
 
+@uses_verifier_logprobs
 def forward_kl_loss(
     draft_logits: torch.Tensor,
     targets: torch.Tensor,
-    verifier_logprobs: torch.Tensor,
     temperature: float = 1.0,
+    verifier_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DistillSpec-style baseline: position-averaged forward KL ``KL(p || q)``."""
     logq = F.log_softmax(_up(draft_logits) / temperature, dim=-1)
@@ -130,7 +176,10 @@ def forward_kl_loss(
 
 
 def masked_ce_loss(
-    draft_logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+    draft_logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    verifier_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain cross-entropy on the verifier's tokens at the masked positions."""
     ce = F.cross_entropy(
@@ -171,12 +220,13 @@ def mdm_loss(
     return weighted.sum() / tokens.numel()
 
 
-#: loss name -> (function, whether it needs the verifier's distributions)
-LOSSES = {
-    "streak": (streak_loss, False),
-    "expected_streak": (expected_streak_loss, True),
-    "ar_distillation": (ar_distillation_loss, False),
-    "tv": (tv_loss, True),
-    "forward_kl": (forward_kl_loss, True),
-    "masked_ce": (masked_ce_loss, False),
+#: loss name -> objective ``fn(draft_logits, targets, temperature=1.0, verifier_logprobs=None)``
+#: (register your own here; see :func:`uses_verifier_logprobs`)
+LOSSES: dict[str, Callable] = {
+    "streak": streak_loss,
+    "expected_streak": expected_streak_loss,
+    "ar_distillation": ar_distillation_loss,
+    "tv": tv_loss,
+    "forward_kl": forward_kl_loss,
+    "masked_ce": masked_ce_loss,
 }

@@ -18,7 +18,7 @@ from ..decoding.validation import check_tokenizers, check_vocab
 from ..metrics import PositionalAcceptance, StreakLength
 from ..models.diffusion import DiffusionDrafter
 from ..models.loading import load_drafter, load_verifier
-from .losses import LOSSES, streak_loss, streak_terms
+from .losses import LOSSES, needs_verifier_logprobs, window_streak_terms
 from .teacher import sample_continuations, verifier_window_logprobs
 
 __all__ = ["DrafterDistillation"]
@@ -36,8 +36,9 @@ class DrafterDistillation(L.LightningModule):
             ``device_map``, ``tiny`` sizes...).
         drafter_kwargs: for :func:`~specdiff_lightning.models.loading.load_drafter` (``family``,
             ``mask_token_id``, ``shift_logits``, ``max_prefix_tokens``, ``dtype``, ``tiny``...).
-        loss: one of ``streak`` (default), ``expected_streak``, ``ar_distillation``, ``tv``,
-            ``forward_kl``, ``masked_ce``.
+        loss: a name in :data:`~specdiff_lightning.training.losses.LOSSES`: ``streak`` (default),
+            ``expected_streak``, ``ar_distillation``, ``tv``, ``forward_kl``, ``masked_ce``, or one
+            you registered there.
         gamma: window length trained (the deployment draft window).
         draft_temperature: T applied to the drafter's logits inside the loss, as at deployment.
         teacher: ``"corpus"`` (continuations stored in the corpus) or ``"online"`` (the verifier
@@ -81,7 +82,13 @@ class DrafterDistillation(L.LightningModule):
             raise ValueError(f"unknown teacher {teacher!r}; choose one of {_TEACHERS}")
         if gamma < 1:
             raise ValueError(f"gamma must be >= 1, got {gamma}")
-        self.loss_fn, self.needs_verifier_probs = LOSSES[loss]
+        self.loss_fn = LOSSES[loss]
+        if not callable(self.loss_fn):
+            raise TypeError(
+                f"LOSSES[{loss!r}] must be a function fn(draft_logits, targets, temperature=1.0, "
+                f"verifier_logprobs=None); declare a need for verifier_logprobs with @uses_verifier_logprobs"
+            )
+        self.needs_verifier_probs = needs_verifier_logprobs(self.loss_fn)
         verifier_model = load_verifier(verifier, **(verifier_kwargs or {}))
         if getattr(verifier_model, "hf_device_map", None):
             # Placed across devices by accelerate (device_map): keep it out of the module tree so
@@ -161,12 +168,7 @@ class DrafterDistillation(L.LightningModule):
         self._check_batch(batch)
         targets, logp = self.teacher_batch(batch)
         logits = self(batch["prefix"], batch["prefix_mask"])
-        T = self.hparams.draft_temperature
-        loss, streak = (
-            self.loss_fn(logits, targets, logp, T)
-            if self.needs_verifier_probs
-            else self.loss_fn(logits, targets, T)
-        )
+        loss, streak = self.loss_fn(logits, targets, self.hparams.draft_temperature, logp)
         size = targets.shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=size)
         self.log("train/streak", streak.mean(), prog_bar=True, batch_size=size)
@@ -176,15 +178,12 @@ class DrafterDistillation(L.LightningModule):
         self._check_batch(batch)
         targets = batch["targets"][:, : self.hparams.gamma]
         logits = self(batch["prefix"], batch["prefix_mask"])
-        logq = torch.log_softmax(logits.double() / self.hparams.draft_temperature, dim=-1)
-        valid = targets != IGNORE_INDEX
-        picked = logq.gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1).masked_fill(~valid, 0.0)
-        terms = streak_terms(picked, valid)  # P(first j accepted) under greedy acceptance
-        self.val_streak.update(terms.sum(-1), torch.ones_like(terms[:, 0]))
-        reached = torch.cat([torch.ones_like(terms[:, :1]), terms[:, :-1]], dim=-1) * valid
-        self.val_positional.update(terms, reached)
-        loss, _ = streak_loss(logits, targets, self.hparams.draft_temperature)
-        self.log("val/streak_loss", loss, batch_size=targets.shape[0], sync_dist=True)
+        # P(first j accepted) under greedy acceptance: the streak loss and both metrics read it.
+        terms = window_streak_terms(logits, targets, self.hparams.draft_temperature)
+        streak = terms.sum(-1)
+        self.val_streak.update(streak, torch.ones_like(streak))
+        self.val_positional.update_from_streak_terms(terms, valid=targets != IGNORE_INDEX)
+        self.log("val/streak_loss", -streak.mean(), batch_size=targets.shape[0], sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
         # compute() reduces the metric states across ranks; sync_dist then averages equal values.
