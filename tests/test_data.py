@@ -195,6 +195,30 @@ def test_generate_corpus_parquet(tmp_path):
     assert len(records) == 3 and all(len(r["continuation_ids"]) == 4 for r in records)
 
 
+def test_streamed_parquet_and_text_keep_row_and_line_numbers(tmp_path, caplog):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {"prompt_ids": [1], "continuation_ids": [2, 3]},
+        {"prompt_ids": [1], "continuation_ids": []},
+        {"prompt_ids": [4], "continuation_ids": [5]},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")
+    with caplog.at_level(logging.WARNING):
+        records = list(iter_records([str(tmp_path / "c.parquet")]))
+    assert [r["id"] for r in records] == [f"{tmp_path / 'c.parquet'}:row {i}" for i in (1, 3)]
+    assert "c.parquet:row 2: empty continuation" in caplog.text
+    with pytest.raises(CorpusError, match="c.parquet:row 2: empty continuation"):
+        list(iter_records([str(tmp_path / "c.parquet")], on_error="raise"))
+    (tmp_path / "d.txt").write_text("first doc\n\n  \nfourth doc\n")
+    records = list(iter_records([str(tmp_path / "d.txt")]))
+    assert [(r["id"], r["continuation"]) for r in records] == [
+        (f"{tmp_path / 'd.txt'}:1", "first doc"),
+        (f"{tmp_path / 'd.txt'}:4", "fourth doc"),
+    ]
+
+
 def test_load_prompts_errors(tmp_path):
     (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2]}\n{"nope": 1}\n')
     with pytest.raises(CorpusError, match="p.jsonl:2: a prompt record needs"):

@@ -5,6 +5,11 @@ A record is a (prompt, continuation) pair, either as token ids
 "continuation": "..."}`` (an optional ``"id"`` travels along). A ``.txt`` file holds one document
 per line: an empty prompt and the line as continuation. Bad records are reported with file and
 line and either skipped or raised, as configured.
+
+Parquet and text files stream through ``datasets.load_dataset(..., streaming=True)``. JSONL is read
+line by line here instead: ``datasets``' JSON builder parses blocks with pyarrow and casts them to
+one schema, so a malformed or mistyped line fails the whole file without naming the line, where
+the corpus tools skip (or report) exactly that record.
 """
 
 from __future__ import annotations
@@ -85,24 +90,29 @@ def validate_record(record, where: str) -> dict:
     return out
 
 
+def _streamed(kind: str, path: str) -> Iterator[dict]:
+    """Rows of one file in order, streamed by ``datasets`` (no cache, no conversion pass)."""
+    from datasets import load_dataset
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+    yield from load_dataset(kind, data_files=[path], split="train", streaming=True)
+
+
 def _raw_records(path: str) -> Iterator[tuple[object, str]]:
     kind = SUFFIXES[Path(path).suffix]
     if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        row = 0
-        for batch in pq.ParquetFile(path).iter_batches():
-            for record in batch.to_pylist():
-                row += 1
-                yield record, f"{path}:row {row}"
+        for row, record in enumerate(_streamed("parquet", path), start=1):
+            yield record, f"{path}:row {row}"
+        return
+    if kind == "text":
+        for lineno, record in enumerate(_streamed("text", path), start=1):
+            if record["text"].strip():  # blank lines separate documents; they are not errors
+                yield {"prompt": "", "continuation": record["text"]}, f"{path}:{lineno}"
         return
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             where = f"{path}:{lineno}"
-            if kind == "text":
-                if line.strip():  # blank lines separate documents; they are not errors
-                    yield {"prompt": "", "continuation": line.rstrip("\n")}, where
-                continue
             if not line.strip():
                 yield None, where
                 continue
