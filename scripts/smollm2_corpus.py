@@ -77,7 +77,9 @@ def main() -> None:
                 cont = gen[j, enc.input_ids.shape[1] :].tolist()
                 if tok.eos_token_id in cont:
                     cont = cont[: cont.index(tok.eos_token_id) + 1]
-                f.write(json.dumps({"id": p["id"], "prompt_ids": prompt_ids, "continuation_ids": cont}) + "\n")
+                f.write(
+                    json.dumps({"id": p["id"], "prompt_ids": prompt_ids, "continuation_ids": cont}) + "\n"
+                )
             f.flush()
             n = i + len(batch)
             print(f"{n}/{len(todo)} records, {time.time() - start:.0f} s", flush=True)

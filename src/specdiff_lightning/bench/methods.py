@@ -1,0 +1,196 @@
+"""Bench rows: which method, on which drafter and dtype, with which decoding settings.
+
+Every row carries a stable ``role`` (what kind of method it is, for target checks and plots) and a
+``key`` (which row it is); display names are for people only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..decoding.config import DecodingConfig
+
+__all__ = [
+    "ROLES",
+    "BenchMethod",
+    "default_methods",
+    "setting_methods",
+    "sweep_methods",
+    "extra_drafter_methods",
+]
+
+#: the roles a row may have (bench.json ``rows[].role``)
+ROLES = (
+    "verifier",
+    "hf_generate",
+    "hf_prompt_lookup",
+    "hf_assisted",
+    "sps",
+    "specdiff",
+    "specdiff2",
+    "other",
+)
+
+# The runner each kind uses decides the role a row gets when none is given.
+_DEFAULT_ROLE = {
+    "verifier": "verifier",
+    "hf": "hf_generate",
+    "hf_compiled": "other",
+    "hf_prompt_lookup": "hf_prompt_lookup",
+    "hf_assisted": "hf_assisted",
+    "sps": "sps",
+    "diffusion": "specdiff2",
+}
+
+
+@dataclass
+class BenchMethod:
+    """One row of the benchmark.
+
+    Attributes:
+        name: the label shown in tables and plots.
+        kind: which runner decodes it (a key of ``bench.runners.RUNNERS``): ``verifier`` (our loop,
+            no drafter), ``hf`` (``generate()``), ``hf_compiled`` (``generate()`` with a static cache
+            and ``torch.compile``), ``hf_prompt_lookup``, ``hf_assisted`` (``generate(assistant_model=
+            the AR drafter)``), ``sps`` (our loop, AR drafter), ``diffusion`` (our loop, a diffusion drafter).
+        decoding: overrides of the run's :class:`DecodingConfig`.
+        sweep: the ablation this row belongs to (``num_drafts``, ``gamma``, ...), None for main rows.
+        steps: denoising steps override (diffusion).
+        drafter: which diffusion drafter (a key of the bench's drafters; None: ``"main"``).
+        role: one of :data:`ROLES`; None: from ``kind`` (``specdiff`` for K=1 ``standard``).
+        key: a stable identifier (None: derived from name); target checks use role and key.
+        dtype: run in this dtype's copy of the models (None: the run's first dtype).
+        lookup: add a prompt-lookup draft to the K diffusion drafts (greedy acceptance only).
+    """
+
+    name: str
+    kind: str
+    decoding: dict = field(default_factory=dict)
+    sweep: str | None = None
+    steps: int | None = None
+    drafter: str | None = None
+    role: str | None = None
+    key: str | None = None
+    dtype: str | None = None
+    lookup: bool = False
+
+    def __post_init__(self) -> None:
+        if self.role is None:
+            role = _DEFAULT_ROLE.get(self.kind, "other")
+            if self.kind == "diffusion" and (
+                self.decoding.get("acceptance") == "standard" or self.drafter not in (None, "main")
+            ):
+                role = "specdiff" if self.decoding.get("acceptance") == "standard" else "other"
+            if self.sweep is not None:
+                role = "other"
+            self.role = role
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if self.key is None:
+            self.key = _slug(self.name)
+
+    def with_dtype(self, dtype: str) -> BenchMethod:
+        from dataclasses import replace
+
+        return replace(self, dtype=dtype, key=f"{self.key}@{dtype}", name=f"{self.name} [{_short(dtype)}]")
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text.lower()).strip("_").replace("__", "_")
+
+
+def _short(dtype: str) -> str:
+    return {"float32": "fp32", "bfloat16": "bf16", "float64": "fp64", "float16": "fp16"}.get(dtype, dtype)
+
+
+def default_methods(cfg: DecodingConfig, with_ar: bool) -> list[BenchMethod]:
+    k = max(cfg.num_drafts, 1)
+    methods = [
+        BenchMethod("verifier (ours)", "verifier"),
+        BenchMethod("HF generate", "hf"),
+        BenchMethod("HF prompt lookup", "hf_prompt_lookup"),
+    ]
+    if with_ar:
+        methods += [
+            BenchMethod("HF assisted (AR drafter)", "hf_assisted"),
+            BenchMethod(
+                "SpS (AR drafter)",
+                "sps",
+                {"num_drafts": 1, "acceptance": "standard", "draft_temperature": 1.0},
+            ),
+        ]
+    methods += [
+        BenchMethod(
+            "SpecDiff (K=1, standard)",
+            "diffusion",
+            {"num_drafts": 1, "acceptance": "standard", "draft_temperature": 1.0},
+        ),
+        BenchMethod("SpecDiff-2 (K=1, greedy)", "diffusion", {"num_drafts": 1, "acceptance": "greedy"}),
+        BenchMethod(f"SpecDiff-2 (K={k}, greedy)", "diffusion", {"num_drafts": k, "acceptance": "greedy"}),
+        BenchMethod(
+            f"SpecDiff-2 (K={k}, recursive)", "diffusion", {"num_drafts": k, "acceptance": "recursive"}
+        ),
+    ]
+    return methods
+
+
+def setting_methods(settings: list[dict]) -> list[BenchMethod]:
+    """Explicit SpecDiff-2 rows, each a dict of :class:`DecodingConfig` overrides plus optional
+    ``lookup`` (add a prompt-lookup draft), ``key``, ``dtype`` and ``drafter``."""
+    rows = []
+    for setting in settings:
+        setting = {"acceptance": "greedy", **setting}
+        extra = {name: setting.pop(name) for name in ("lookup", "key", "dtype", "drafter") if name in setting}
+        label = ", ".join(f"{'K' if k == 'num_drafts' else k}={v}" for k, v in setting.items())
+        if extra.get("lookup"):
+            label += ", +lookup"
+        if extra.get("drafter") not in (None, "main"):
+            label += f", {extra['drafter']}"
+        rows.append(BenchMethod(f"SpecDiff-2 ({label})", "diffusion", setting, **extra))
+    return rows
+
+
+def sweep_methods(
+    cfg: DecodingConfig,
+    num_drafts: list[int] = (),
+    draft_temperature: list[float] = (),
+    gamma: list[int] = (),
+    steps: list[int] = (),
+) -> list[BenchMethod]:
+    """Ablation rows: K (Fig. 5), draft temperature, gamma (Fig. 10), denoising steps (Fig. 9)."""
+    rows = [
+        BenchMethod(f"K={k}", "diffusion", {"num_drafts": k, "acceptance": "greedy"}, "num_drafts")
+        for k in num_drafts
+    ]
+    rows += [
+        BenchMethod(
+            f"T={t}", "diffusion", {"draft_temperature": t, "acceptance": "greedy"}, "draft_temperature"
+        )
+        for t in draft_temperature
+    ]
+    rows += [
+        BenchMethod(f"gamma={g}", "diffusion", {"gamma": g, "acceptance": "greedy"}, "gamma") for g in gamma
+    ]
+    rows += [
+        BenchMethod(f"steps={s}", "diffusion", {"acceptance": "greedy"}, "steps", steps=s) for s in steps
+    ]
+    return rows
+
+
+def extra_drafter_methods(name: str, cfg: DecodingConfig) -> list[BenchMethod]:
+    """K = 1 and K = max(K, 8) SpecDiff-2 rows for another drafter (e.g. the undistilled one)."""
+    k = max(cfg.num_drafts, 8)
+    return [
+        BenchMethod(
+            f"SpecDiff-2 (K=1, greedy, {name})",
+            "diffusion",
+            {"num_drafts": 1, "acceptance": "greedy"},
+            drafter=name,
+        ),
+        BenchMethod(
+            f"SpecDiff-2 (K={k}, greedy, {name})",
+            "diffusion",
+            {"num_drafts": k, "acceptance": "greedy"},
+            drafter=name,
+        ),
+    ]

@@ -1,0 +1,310 @@
+"""``run_bench``: every method on every prompt, repeated and interleaved, in one process.
+
+Machines are noisy, so each prompt is decoded by every method in turn (the order rotating between
+repeats) ``repeats`` times; a row reports the median throughput over repeats and its spread. The
+reference output of each dtype is the verifier's own greedy ``generate()`` in that dtype, computed
+once, untimed, before any timing, so "identical" never depends on which row ran first.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from ..decoding.config import DecodingConfig
+from ..decoding.stats import GenerationOutput
+from ..decoding.timing import RoundProfiler, now, throughput
+from .methods import BenchMethod
+from .runners import RUNNERS, BenchModels, hf_generate, method_config
+
+__all__ = ["run_bench", "timed_generate", "Sample"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Sample:
+    """One timed decode: the new tokens, seconds, and (our loops) per-round counts."""
+
+    tokens: list[int]
+    seconds: float
+    verifier_calls: int | None = None
+    accepted: int | None = None
+    reached: list[int] | None = None
+    accepted_at: list[int] | None = None
+
+
+def timed_generate(fn: Callable, ids: torch.Tensor, seed: int, device) -> Sample:
+    """Run ``fn(ids, generator)`` seeded with ``seed`` between two synchronised clock reads."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    start = now(device)
+    result = fn(ids, generator)
+    seconds = now(device) - start
+    if not isinstance(result, GenerationOutput):
+        return Sample(list(result), seconds)
+    s = result.stats
+    return Sample(
+        result.sequences[0, ids.shape[1] :].tolist(),
+        seconds,
+        s.verifier_calls,
+        s.accepted_tokens,
+        s.position_reached.tolist(),
+        s.position_accepted.tolist(),
+    )
+
+
+def _dtype_name(model) -> str:
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+@torch.no_grad()
+def run_bench(
+    verifier,
+    drafter,
+    prompts: list[dict],
+    cfg: DecodingConfig,
+    methods: list[BenchMethod],
+    *,
+    ar_drafter=None,
+    extra_drafters: dict | None = None,
+    models: dict[str, BenchModels] | None = None,
+    warmup: int = 1,
+    repeats: int = 1,
+    profile: bool = False,
+    progress: bool = True,
+    score: Callable[[dict, list[int]], bool] | None = None,
+    verifier_name: str | None = None,
+    benchmark: str | None = None,
+) -> dict:
+    """Decode ``prompts`` (``[{"id", "prompt_ids"}]``) with every method; returns the report dict
+    (``bench.json``'s content, see ``bench.report``).
+
+    Args:
+        verifier, drafter, ar_drafter, extra_drafters: the models of a single-dtype run (drafters
+            named ``"main"``, ``"ar"`` and by their keys); or pass ``models`` instead: dtype name ->
+            :class:`BenchModels` (rows pick theirs by ``BenchMethod.dtype``; None: the first).
+        repeats: timed decodes of every (method, prompt), interleaved across methods.
+        warmup: prompts decoded once per method, untimed, first.
+        profile: split our loops' rounds into draft / tree / verify / accept / cache.
+        score: ``score(prompt_row, new_tokens) -> passed`` (e.g. HumanEval execution); rows then
+            report ``pass_at_1``.
+    """
+    if models is None:
+        drafters = {"main": drafter, **(extra_drafters or {})}
+        if ar_drafter is not None:
+            drafters["ar"] = ar_drafter
+        models = {
+            _dtype_name(verifier): BenchModels(verifier, {k: v for k, v in drafters.items() if v is not None})
+        }
+    default_dtype = next(iter(models))
+    methods = [m for m in methods if _runnable(m, models.get(m.dtype or default_dtype))]
+    keys = [m.key for m in methods]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"bench rows need distinct keys, got duplicates in {keys}")
+
+    def pair(m: BenchMethod) -> BenchModels:
+        return models[m.dtype or default_dtype]
+
+    profilers = {
+        m.key: RoundProfiler(pair(m).verifier.device) if profile and m.kind in ("sps", "diffusion") else None
+        for m in methods
+    }
+
+    def runner(m: BenchMethod, prof):
+        mcfg = method_config(cfg, m)
+        fn = RUNNERS[m.kind]
+        return lambda ids, g: fn(pair(m), m, mcfg, ids, g, prof)
+
+    def ids_of(p, m):
+        return torch.tensor([p["prompt_ids"]], device=pair(m).verifier.device)
+
+    # References: the verifier's own greedy decoding in each dtype (untimed).
+    references: dict[str, dict[str, list[int]]] = {}
+    if cfg.temperature == 0:
+        for dtype in {m.dtype or default_dtype for m in methods}:
+            v = models[dtype].verifier
+            references[dtype] = {
+                p["id"]: hf_generate(v, torch.tensor([p["prompt_ids"]], device=v.device), cfg)
+                for p in prompts
+            }
+    for m in methods:
+        for p in prompts[:warmup]:
+            timed_generate(runner(m, None), ids_of(p, m), cfg.seed, pair(m).verifier.device)
+
+    samples: dict[str, dict[str, list[Sample]]] = {m.key: {p["id"]: [] for p in prompts} for m in methods}
+    total = repeats * len(prompts) * len(methods)
+    bar = tqdm(total=total, desc="bench", unit="decode", disable=not progress)
+    for rep in range(repeats):
+        for i, p in enumerate(prompts):
+            shift = (rep + i) % len(methods)
+            for m in methods[shift:] + methods[:shift]:
+                run = runner(m, profilers[m.key] if rep == 0 else None)
+                samples[m.key][p["id"]].append(
+                    timed_generate(run, ids_of(p, m), method_config(cfg, m).seed, pair(m).verifier.device)
+                )
+                bar.update()
+    bar.close()
+
+    passed_cache: dict[tuple[str, tuple[int, ...]], bool] = {}
+
+    def passed(p, tokens):
+        key = (p["id"], tuple(tokens))
+        if key not in passed_cache:
+            passed_cache[key] = bool(score(p, tokens))
+        return passed_cache[key]
+
+    rows = []
+    for m in methods:
+        dtype = m.dtype or default_dtype
+        rows.append(
+            _row(
+                m,
+                dtype,
+                method_config(cfg, m),
+                prompts,
+                samples[m.key],
+                references.get(dtype),
+                profilers[m.key],
+                passed if score else None,
+            )
+        )
+    _speedups(rows)
+    for row in rows:
+        for warning in row["warnings"]:
+            log.warning("bench row %r: %s", row["method"], warning)
+    return {
+        "verifier": verifier_name
+        or getattr(next(iter(models.values())).verifier.config, "_name_or_path", None),
+        "benchmark": benchmark,
+        "machine": _machine(),
+        "decoding": asdict(cfg),
+        "num_prompts": len(prompts),
+        "repeats": repeats,
+        "warmup": warmup,
+        "dtypes": list(models),
+        "rows": rows,
+    }
+
+
+def _runnable(m: BenchMethod, pair: BenchModels | None) -> bool:
+    if pair is None:
+        return False
+    if m.kind in ("sps", "hf_assisted"):
+        return "ar" in pair.drafters
+    if m.kind == "diffusion":
+        return (m.drafter or "main") in pair.drafters
+    return True
+
+
+def _row(m, dtype, cfg, prompts, samples, reference, profiler, passed) -> dict:
+    per_rep = []
+    repeats = len(next(iter(samples.values())))
+    for r in range(repeats):
+        tokens = sum(max(len(samples[p["id"]][r].tokens) - 1, 0) for p in prompts)
+        seconds = sum(samples[p["id"]][r].seconds for p in prompts)
+        per_rep.append(tokens / seconds if seconds > 0 else float("nan"))
+    first = {p["id"]: samples[p["id"]][0] for p in prompts}
+    same = None
+    if reference is not None:
+        same = [reference[p["id"]] == first[p["id"]].tokens for p in prompts]
+    per_prompt = []
+    for p in prompts:
+        s = samples[p["id"]]
+        entry = {
+            "id": p["id"],
+            "new_tokens": len(s[0].tokens),
+            "seconds": [x.seconds for x in s],
+            "tokens_per_s": statistics.median(throughput(len(x.tokens), x.seconds) for x in s),
+            "identical": None if reference is None else reference[p["id"]] == s[0].tokens,
+            "deterministic": all(x.tokens == s[0].tokens for x in s),
+        }
+        if passed is not None:
+            entry["passed"] = passed(p, s[0].tokens)
+        per_prompt.append(entry)
+    new_tokens = sum(len(first[p["id"]].tokens) for p in prompts)
+    row = {
+        "method": m.name,
+        "key": m.key,
+        "role": m.role,
+        "kind": m.kind,
+        "dtype": dtype,
+        "sweep": m.sweep,
+        "drafter": m.drafter,
+        "lookup": m.lookup,
+        "settings": {**m.decoding, **({"steps": m.steps} if m.steps else {})},
+        "num_drafts": cfg.num_drafts,
+        "gamma": cfg.gamma,
+        "draft_temperature": cfg.draft_temperature,
+        "acceptance": cfg.acceptance,
+        "new_tokens": new_tokens,
+        "wall_time_s": statistics.median(
+            sum(samples[p["id"]][r].seconds for p in prompts) for r in range(repeats)
+        ),
+        "tokens_per_s": statistics.median(per_rep),
+        "tokens_per_s_repeats": per_rep,
+        "tokens_per_s_spread": [min(per_rep), max(per_rep)],
+        "identical": None if same is None else all(same),
+        "identical_rate": None if same is None else sum(same) / len(same),
+        "pass_at_1": None if passed is None else sum(e["passed"] for e in per_prompt) / len(per_prompt),
+        "per_prompt": per_prompt,
+        "warnings": [],
+    }
+    row["identical_to_verifier"] = row["identical"]
+    if first[prompts[0]["id"]].verifier_calls is not None:
+        calls = sum(s.verifier_calls for s in first.values())
+        accepted = sum(s.accepted for s in first.values())
+        reached = torch.tensor([s.reached for s in first.values()]).sum(0).double()
+        acc = torch.tensor([s.accepted_at for s in first.values()]).sum(0).double()
+        row.update(
+            verifier_calls=calls,
+            mean_accepted=accepted / max(calls, 1),
+            tokens_per_call=new_tokens / max(calls, 1),
+            positional_acceptance=[float(x) for x in (acc / reached.where(reached > 0, torch.nan)).tolist()],
+        )
+    if profiler is not None:
+        row["profile"] = profiler.summary()
+    return row
+
+
+def _speedups(rows: list[dict]) -> None:
+    """``speedup``: over the fastest plain HF ``generate`` of any dtype (else our verifier loop);
+    ``speedup_vs_verifier``: over our verifier loop in the same dtype. Flags implausible rows: one
+    verifier call per round costs at least a one-token step, so our loops cannot beat the same-dtype
+    verifier loop by more than their tokens per call."""
+    plain = [r for r in rows if r["role"] == "hf_generate"] or [r for r in rows if r["role"] == "verifier"]
+    denominator = max(plain, key=lambda r: r["tokens_per_s"]) if plain else None
+    ours = {r["dtype"]: r for r in rows if r["role"] == "verifier"}
+    for r in rows:
+        r["speedup"] = r["tokens_per_s"] / denominator["tokens_per_s"] if denominator else None
+        r["speedup_denominator"] = denominator["key"] if denominator else None
+        base = ours.get(r["dtype"])
+        r["speedup_vs_verifier"] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
+        tpc = r.get("tokens_per_call")
+        if tpc and r["speedup_vs_verifier"] and r["speedup_vs_verifier"] > 1.15 * tpc:
+            r["warnings"].append(
+                f"speed-up over the verifier loop {r['speedup_vs_verifier']:.2f}x exceeds its {tpc:.2f} tokens per "
+                f"verifier call: the timing is suspect (noise, or a warm cache the verifier row lacked)"
+            )
+
+
+def _machine() -> dict:
+    import os
+    import platform
+
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }

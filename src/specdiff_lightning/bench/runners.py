@@ -1,0 +1,122 @@
+"""How each kind of bench row decodes one prompt: a table of small functions.
+
+Each runner takes ``(models, method, cfg, ids, generator, profiler)`` and returns either the new
+token ids (HF ``generate`` peers) or a :class:`~specdiff_lightning.decoding.GenerationOutput` (our
+loops, with per-round statistics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+from ..decoding.config import DecodingConfig
+from ..decoding.drafting import Drafter
+from ..decoding.generate import speculative_generate, verifier_generate
+from ..decoding.lookup import LookupAugmentedDrafter
+from .methods import BenchMethod
+
+__all__ = ["BenchModels", "RUNNERS", "hf_generate"]
+
+
+@dataclass
+class BenchModels:
+    """The models one dtype's rows run on: the verifier and named drafters (``"main"``: the
+    diffusion drafter; ``"ar"``: the AR drafter for SpS / HF assisted; others by name)."""
+
+    verifier: nn.Module
+    drafters: dict[str, Drafter] = field(default_factory=dict)
+    _compiled: nn.Module | None = None
+
+    def drafter(self, name: str | None) -> Drafter:
+        name = name or "main"
+        if name not in self.drafters:
+            raise KeyError(f"the bench has no drafter named {name!r} (it has {sorted(self.drafters)})")
+        return self.drafters[name]
+
+
+def hf_generate(verifier: nn.Module, ids: torch.Tensor, cfg: DecodingConfig, **extra) -> list[int]:
+    """``verifier.generate`` with the run's sampling settings and the verifier's own EOS."""
+    eos = verifier.generation_config.eos_token_id
+    sample = cfg.temperature > 0
+    kwargs = dict(
+        do_sample=sample,
+        max_new_tokens=cfg.max_new_tokens,
+        eos_token_id=eos,
+        pad_token_id=eos if isinstance(eos, int) else 0,
+    )
+    if sample:
+        kwargs.update(temperature=cfg.temperature, top_k=cfg.top_k or 0, top_p=cfg.top_p or 1.0)
+    out = verifier.generate(ids, attention_mask=torch.ones_like(ids), **kwargs, **extra)
+    return out[0, ids.shape[1] :].tolist()
+
+
+def _verifier(models, method, cfg, ids, generator, profiler):
+    eos = models.verifier.generation_config.eos_token_id
+    return verifier_generate(
+        models.verifier, ids, **cfg.sampling_kwargs(), eos_token_id=eos, generator=generator
+    )
+
+
+def _hf(models, method, cfg, ids, generator, profiler):
+    return hf_generate(models.verifier, ids, cfg)
+
+
+def _hf_compiled(models, method, cfg, ids, generator, profiler):
+    if models._compiled is None:
+        models.verifier.forward = torch.compile(models.verifier.forward, dynamic=False)
+        models._compiled = models.verifier
+    return hf_generate(models.verifier, ids, cfg, cache_implementation="static")
+
+
+def _hf_prompt_lookup(models, method, cfg, ids, generator, profiler):
+    return hf_generate(models.verifier, ids, cfg, prompt_lookup_num_tokens=cfg.gamma)
+
+
+def _hf_assisted(models, method, cfg, ids, generator, profiler):
+    return hf_generate(models.verifier, ids, cfg, assistant_model=models.drafter("ar").model)
+
+
+def _speculative(drafter: Drafter, models, cfg, ids, generator, profiler):
+    eos = models.verifier.generation_config.eos_token_id
+    return speculative_generate(
+        models.verifier,
+        drafter,
+        ids,
+        **cfg.generate_kwargs(),
+        eos_token_id=eos,
+        generator=generator,
+        profiler=profiler,
+    )
+
+
+def _sps(models, method, cfg, ids, generator, profiler):
+    return _speculative(models.drafter("ar"), models, cfg, ids, generator, profiler)
+
+
+def _diffusion(models, method, cfg, ids, generator, profiler):
+    drafter = models.drafter(method.drafter)
+    if method.steps is not None:
+        drafter = drafter.with_steps(method.steps)
+    if method.lookup:
+        drafter = LookupAugmentedDrafter(drafter)
+    return _speculative(drafter, models, cfg, ids, generator, profiler)
+
+
+#: kind -> runner
+RUNNERS: dict[str, Callable] = {
+    "verifier": _verifier,
+    "hf": _hf,
+    "hf_compiled": _hf_compiled,
+    "hf_prompt_lookup": _hf_prompt_lookup,
+    "hf_assisted": _hf_assisted,
+    "sps": _sps,
+    "diffusion": _diffusion,
+}
+
+
+def method_config(cfg: DecodingConfig, method: BenchMethod) -> DecodingConfig:
+    return replace(cfg, **method.decoding)

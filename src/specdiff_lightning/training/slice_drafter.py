@@ -1,0 +1,169 @@
+"""Training drafters cut from their verifier (``models/slicing.py``) on verifier continuations.
+
+One LightningModule, three objectives over the same sequences (prompt ⊕ the verifier's continuation):
+- ``masked_ce``: block-diffusion adaptation: blocks of gamma masks at random continuation positions
+  (block-causal attention, the exact inference condition), cross-entropy at every masked slot;
+- ``streak``: streak-distillation (METHOD.md §5) on the same blocks;
+- ``ar``: AR-distillation of an autoregressive drafter of the same shape (next-token cross-entropy
+  at the same number of positions per sequence), the SpS / HF-assisted peer.
+The verifier is frozen and shared: the drafter's embeddings and tied head are the verifier's own
+tensors, so checkpoints and exports hold only the N layers and the final norm.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from ..models.diffusion import DiffusionDrafter
+from ..models.loading import load_verifier
+from ..models.slicing import load_slice, save_slice, slice_causal_lm
+from .losses import IGNORE_INDEX, masked_ce_loss, streak_loss
+
+__all__ = ["SliceDrafterTraining", "OBJECTIVES", "sample_block_starts", "block_targets"]
+
+OBJECTIVES = ("masked_ce", "streak", "ar")
+
+
+def sample_block_starts(
+    cont_start: torch.Tensor, lengths: torch.Tensor, blocks: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """``LongTensor[B, M]`` block starts uniform in ``[max(cont_start, 1), length - 1]`` per row."""
+    low = cont_start.clamp_min(1).float()
+    span = (lengths - 1 - low.long()).clamp_min(0).float() + 1
+    u = torch.rand(cont_start.shape[0], blocks, generator=generator, device=cont_start.device)
+    return (low[:, None] + (u * span[:, None]).floor()).long()
+
+
+def block_targets(
+    input_ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, gamma: int
+) -> torch.Tensor:
+    """``LongTensor[B, M, gamma]``: ``input_ids[b, t + j]``, ``IGNORE_INDEX`` past the row's length."""
+    pos = starts[:, :, None] + torch.arange(gamma, device=starts.device)
+    valid = pos < lengths[:, None, None]
+    picked = input_ids.gather(1, pos.clamp_max(input_ids.shape[1] - 1).flatten(1)).view_as(pos)
+    return picked.masked_fill(~valid, IGNORE_INDEX)
+
+
+class SliceDrafterTraining(L.LightningModule):
+    """Train an N-layer slice of ``verifier`` as a block-causal diffusion drafter or an AR drafter.
+
+    Args:
+        verifier: a :func:`~specdiff_lightning.models.loading.load_verifier` spec
+            (e.g. ``"smollm2-135m-instruct"``).
+        num_layers: N, the drafter's depth (its first N layers start as the verifier's).
+        objective: ``"masked_ce"``, ``"streak"`` or ``"ar"``.
+        init_from: a slice saved by :meth:`export` (e.g. the ``masked_ce`` stage) to start from.
+        gamma: the draft window. blocks: windows (or, for ``ar``, blocks of gamma positions) per sequence.
+        mask_token_id: the drafter's [MASK]: an id the verifier never emits (SmolLM2: 16, ``<empty_output>``).
+        draft_temperature: T in the streak objective (as at deployment).
+    """
+
+    def __init__(
+        self,
+        verifier: str = "smollm2-135m-instruct",
+        num_layers: int = 2,
+        objective: str = "streak",
+        init_from: str | None = None,
+        gamma: int = 8,
+        blocks: int = 16,
+        mask_token_id: int = 16,
+        shift_logits: bool = True,
+        draft_temperature: float = 1.0,
+        lr: float = 3e-4,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 20,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        self.save_hyperparameters()
+        frozen = load_verifier(verifier, dtype=torch.float32)
+        if init_from:
+            model, _ = load_slice(frozen, init_from)
+        else:
+            model = slice_causal_lm(frozen, num_layers)
+        self.drafter_model = model.train()
+        self.drafter = DiffusionDrafter(model, mask_token_id, shift_logits, attention="block_causal")
+        self._generator = torch.Generator().manual_seed(seed)
+
+    # Only the drafter's own tensors are trained and checkpointed (embeddings/head are the verifier's).
+    def state_dict(self, *args, **kwargs):
+        state = super().state_dict(*args, **kwargs)
+        return {k: v for k, v in state.items() if "embed_tokens" not in k and "lm_head" not in k}
+
+    strict_loading = False
+
+    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        hp = self.hparams
+        ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
+        starts = sample_block_starts(cont, lengths, hp.blocks, self._generator)
+        if hp.objective == "ar":
+            return self._ar_loss(ids, lengths, starts)
+        targets = block_targets(ids, lengths, starts, hp.gamma)  # [B, M, g]
+        logits = self.drafter.blocks_logits(ids, starts, hp.gamma)
+        fn = streak_loss if hp.objective == "streak" else masked_ce_loss
+        loss, streak = fn(logits.flatten(0, 1), targets.flatten(0, 1), hp.draft_temperature)
+        return loss, streak
+
+    def _ar_loss(self, ids, lengths, starts) -> tuple[torch.Tensor, torch.Tensor]:
+        # The same number of supervised positions as the diffusion objective: blocks x gamma.
+        hp = self.hparams
+        pos = (starts[:, :, None] + torch.arange(hp.gamma, device=ids.device)).flatten(1)  # [B, M*g]
+        valid = pos < lengths[:, None]
+        pos = pos.clamp_max(ids.shape[1] - 1)
+        attention = (torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]).long()
+        hidden = self.drafter_model.model(input_ids=ids, attention_mask=attention).last_hidden_state
+        rows = (pos - 1).clamp_min(0)
+        h = hidden.gather(1, rows[..., None].expand(-1, -1, hidden.shape[-1]))
+        logits = self.drafter_model.lm_head(h)
+        targets = ids.gather(1, pos).masked_fill(~valid, IGNORE_INDEX)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+        first = (logits.argmax(-1) == targets).float()[valid].mean()
+        return loss, first.detach()[None]
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, streak = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/streak", streak.float().mean(), prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, streak = self._loss(batch)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        self.log("val/streak", streak.float().mean(), prog_bar=True, sync_dist=True)
+
+    def configure_optimizers(self):
+        params = [p for p in self.drafter_model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(
+            params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay, betas=(0.9, 0.95)
+        )
+        total = self.trainer.max_steps if self.trainer and self.trainer.max_steps > 0 else None
+        warmup = self.hparams.warmup_steps
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            if not total:
+                return 1.0
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(progress * torch.pi)).item())
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def export(self, path: str, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        """Write the drafter slice (N layers + norm; embeddings stay the verifier's)."""
+        hp = self.hparams
+        settings = {
+            "kind": "autoregressive" if hp.objective == "ar" else "diffusion",
+            "objective": hp.objective,
+            "verifier": hp.verifier,
+            "gamma": hp.gamma,
+            "mask_token_id": hp.mask_token_id,
+            "shift_logits": hp.shift_logits,
+            "attention": "block_causal",
+        }
+        save_slice(self.drafter_model, path, settings, dtype)
