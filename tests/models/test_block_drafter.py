@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from helpers import reference_greedy
 
+from helpers import reference_greedy
 from specdiff_lightning import DiffusionDrafter, speculative_generate
 from specdiff_lightning.models import tiny_model
 from specdiff_lightning.models.diffusion import block_causal_allowed
@@ -30,9 +30,7 @@ def test_block_causal_mask_shape():
 def test_cached_window_logits_equal_uncached(impl, shift):
     cached = _drafter(impl=impl, shift=shift)
     assert cached.prefix_cache
-    uncached = DiffusionDrafter(
-        cached.model, VOCAB - 1, shift, attention="block_causal", prefix_cache=False
-    )
+    uncached = DiffusionDrafter(cached.model, VOCAB - 1, shift, attention="block_causal", prefix_cache=False)
     # transformers' eager attention softmaxes in float32 even for float64 models.
     tol = 1e-9 if impl == "sdpa" else 1e-5
     gen = torch.Generator().manual_seed(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 
@@ -308,6 +309,15 @@ class DiffusionDrafter(Drafter):
     def reset(self) -> None:
         self._cache = None
         self._cached_ids = []
+
+    def with_steps(self, steps: int) -> DiffusionDrafter:
+        """The same drafter (same weights) with another number of denoising steps."""
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        clone = copy.copy(self)
+        clone.steps = int(steps)
+        clone.reset()
+        return clone
 
     def _cached_window_logits(self, input_ids: torch.Tensor, gamma: int) -> torch.Tensor:
         """Window logits for ``input_ids[1, L]`` reusing the prefix KV cache: runs the tokens not yet

@@ -10,11 +10,16 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .diffusion import DiffusionDrafter
+from .smollm2 import SMOLLM2_SPEC, smollm2_dir
 from .tiny import tiny_model
 
-__all__ = ["load_verifier", "load_drafter", "resolve_dtype", "TINY_PREFIX"]
+__all__ = ["load_verifier", "load_drafter", "resolve_dtype", "TINY_PREFIX", "NAMED_VERIFIERS"]
 
 TINY_PREFIX = "tiny-"
+
+#: named verifiers: spec -> a function returning a local Hugging Face directory (converted and cached
+#: on first use). Every config and CLI command that takes a verifier spec accepts these names.
+NAMED_VERIFIERS = {SMOLLM2_SPEC: smollm2_dir}
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
@@ -45,8 +50,8 @@ def load_verifier(
     """A frozen causal LM in eval mode with gradients off.
 
     Args:
-        spec: directory or hub id for ``AutoModelForCausalLM.from_pretrained``, or ``"tiny-qwen2"`` /
-            ``"tiny-llama"``.
+        spec: directory or hub id for ``AutoModelForCausalLM.from_pretrained``, a name in
+            :data:`NAMED_VERIFIERS` (``"smollm2-135m-instruct"``), or ``"tiny-qwen2"`` / ``"tiny-llama"``.
         tiny: sizes for a tiny preset (``vocab_size``, ``hidden_size``, ``num_layers``, ``seed``...).
         model_kwargs: passed to ``from_pretrained`` (``device_map``, ``revision``...).
     """
@@ -54,6 +59,8 @@ def load_verifier(
     if spec.startswith(TINY_PREFIX):
         model = _tiny(spec, tiny, dtype)
     else:
+        if spec in NAMED_VERIFIERS:
+            spec = str(NAMED_VERIFIERS[spec]())
         model = AutoModelForCausalLM.from_pretrained(
             spec, dtype=dtype, attn_implementation=attn_implementation, **model_kwargs
         )
