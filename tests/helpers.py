@@ -55,3 +55,42 @@ class NoisyOracleDrafter(Drafter):
             (1, num_drafts, gamma, self.vocab_size), 1.0 / self.vocab_size, dtype=torch.float64
         )
         return Proposal(drafts[None], probs, exact_q=False)
+
+
+# ---------------------------------------------------------------- a tiny DrafterDistillation pair
+TINY_VOCAB = 48
+
+
+def write_prompts(tmp_path, n=4, vocab=TINY_VOCAB):
+    """``prompts.jsonl`` with ``n`` random 5-token prompts (ids ``q0``...)."""
+    import json
+
+    path = tmp_path / "prompts.jsonl"
+    gen = torch.Generator().manual_seed(0)
+    with open(path, "w") as f:
+        for i in range(n):
+            ids = torch.randint(0, vocab - 1, (5,), generator=gen).tolist()
+            f.write(json.dumps({"id": f"q{i}", "prompt_ids": ids}) + "\n")
+    return path
+
+
+def tiny_distillation(**decoding):
+    """A float64 ``DrafterDistillation`` on tiny Qwen2/Llama models, decoding K=4, gamma=4, 16 tokens."""
+    from specdiff_lightning.decoding.config import DecodingConfig
+    from specdiff_lightning.training import DrafterDistillation
+
+    cfg = DecodingConfig(max_new_tokens=16, gamma=4, num_drafts=4, draft_temperature=1.5, **decoding)
+    tiny_v = {
+        "vocab_size": TINY_VOCAB,
+        "hidden_size": 32,
+        "num_layers": 2,
+        "seed": 0,
+        "initializer_range": 0.1,
+    }
+    tiny_d = {"vocab_size": TINY_VOCAB, "hidden_size": 32, "num_layers": 1, "seed": 1}
+    return DrafterDistillation(
+        verifier_kwargs={"tiny": tiny_v, "dtype": "float64"},
+        drafter_kwargs={"tiny": tiny_d, "dtype": "float64"},
+        gamma=4,
+        decoding=cfg,
+    )

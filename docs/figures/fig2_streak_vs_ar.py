@@ -1,5 +1,5 @@
 """Regenerates docs/figures/fig2_streak_vs_ar.png: the setting of
-tests/test_training.py::test_streak_distillation_raises_streak_and_beats_ar_distillation
+tests/training/test_distillation.py::test_streak_distillation_raises_streak_and_beats_ar_distillation
 (tiny Qwen2 verifier, tiny Llama diffusion drafter pretrained with masked CE, then fine-tuned with
 the streak objective or AR-distillation), positional acceptance on the validation split.
 

@@ -11,7 +11,7 @@ import pytest
 
 from specdiff_lightning.cli import COMMANDS, build_parser, main
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 def _readme_commands() -> list[str]:

@@ -13,7 +13,7 @@ from specdiff_lightning.cli.lightning_cli import SpecDiffCLI
 from specdiff_lightning.models import DRAFTER_FAMILIES
 from specdiff_lightning.trainer import SpecDiffTrainer
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml"))
 MODEL_CONFIGS = [p for p in CONFIGS if "model" in (yaml.safe_load(p.read_text()) or {})]
 BENCH_LAYERS = [p for p in CONFIGS if p not in MODEL_CONFIGS]

@@ -207,7 +207,7 @@ def test_autoregressive_drafter_cache_follows_the_context():
         drafter.propose(ctx, gamma=3, num_drafts=2)
 
 
-REMOTE_CODE = Path(__file__).parent / "fixtures" / "remote_code"
+REMOTE_CODE = Path(__file__).parents[1] / "fixtures" / "remote_code"
 
 
 def _save_remote_code_model(directory, class_name, config_name, seed):

@@ -1,8 +1,6 @@
-"""The LightningModule, fit through the real Trainer, checkpoints, export, the CLI, DDP."""
+"""The LightningModule fit through the real Trainer: the streak objective, checkpoints, export, LoRA, DDP."""
 
-import json
 import os
-import pickle
 import random
 from pathlib import Path
 
@@ -12,7 +10,6 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from specdiff_lightning import DiffusionDrafter, speculative_generate
-from specdiff_lightning.cli import main
 from specdiff_lightning.data import DistillationDataModule, generate_corpus
 from specdiff_lightning.training import DrafterDistillation
 
@@ -148,49 +145,6 @@ def test_bad_configuration_is_refused():
         _module(drafter_kwargs={"tiny": dict(DRAFTER, vocab_size=V + 1)})
 
 
-@pytest.mark.slow
-def test_cli_generate_corpus_fit_and_export(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    config = Path(__file__).parents[1] / "configs" / "tiny_fit.yaml"
-    prompts = Path(__file__).parents[1] / "configs" / "tiny_prompts.jsonl"
-    main(
-        [
-            "generate-corpus",
-            "--config",
-            str(config),
-            "--prompts",
-            str(prompts),
-            "--output_dir",
-            "runs/tiny/corpus",
-            "--val_fraction",
-            "0.15",
-            "--max_new_tokens",
-            "16",
-            "--trainer.enable_progress_bar",
-            "false",
-        ]
-    )
-    assert json.loads(Path("runs/tiny/corpus/manifest.json").read_text())["done"]
-    assert not Path("runs/tiny/lightning_logs").exists()  # generate-corpus logs nothing
-    main(
-        [
-            "fit",
-            "--config",
-            str(config),
-            "--trainer.max_epochs",
-            "1",
-            "--trainer.enable_progress_bar",
-            "false",
-        ]
-    )
-    ckpt = Path("runs/tiny/checkpoints/last.ckpt")  # where tiny_predict.yaml's comment points
-    assert ckpt.is_file() and sorted(p.name for p in Path("runs/tiny/lightning_logs").iterdir()) == [
-        "version_0"
-    ]
-    main(["export", "--config", str(config), "--ckpt_path", str(ckpt), "--output_dir", "exported"])
-    assert DiffusionDrafter.from_pretrained("exported").mask_token_id == V - 1
-
-
 class _RecordWindows(Callback):
     """Logs "step window_id" per rank; optionally dies at a given step (a simulated kill)."""
 
@@ -243,26 +197,3 @@ def test_ddp_spawn_disjoint_ranks_and_kill_resume(corpus, tmp_path):
         before = [w for step, w in _read(tmp_path / "killed", r) if int(step) < 2]  # up to the checkpoint
         after = [w for _, w in _read(tmp_path / "resumed", r)]
         assert before + after == full[r]
-
-
-class _RunsCode:
-    def __reduce__(self):
-        return (os.system, ("echo this checkpoint ran code",))
-
-
-def test_drafter_weights_are_loaded_as_tensors_only(tmp_path):
-    """bench/eval-budget/export --ckpt_path unpickle tensors and plain data, never objects."""
-    from specdiff_lightning.decoding.config import DecodingConfig
-    from specdiff_lightning.trainer import _load_drafter_weights
-
-    model = torch.nn.Linear(2, 2)
-    weights = {k: torch.full_like(v, 3.0) for k, v in model.state_dict().items()}
-    torch.save(
-        {"state_dict": weights, "hyper_parameters": {"decoding": DecodingConfig(gamma=4)}},
-        tmp_path / "a.ckpt",
-    )
-    _load_drafter_weights(model, str(tmp_path / "a.ckpt"))
-    assert torch.equal(model.weight, torch.full((2, 2), 3.0))
-    torch.save({"state_dict": weights, "hyper_parameters": {"x": _RunsCode()}}, tmp_path / "b.ckpt")
-    with pytest.raises(pickle.UnpicklingError):
-        _load_drafter_weights(model, str(tmp_path / "b.ckpt"))
