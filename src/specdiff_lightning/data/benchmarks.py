@@ -40,7 +40,11 @@ def code_completion_prompt(code: str) -> str:
 def _humaneval(row: dict, i: int) -> dict:
     # The problem travels along: pass@1 runs its tests (data/humaneval.py).
     problem = {k: row[k] for k in ("task_id", "prompt", "entry_point", "test") if k in row}
-    return {"id": str(row.get("task_id", i)), "prompt": code_completion_prompt(row["prompt"]), "problem": problem}
+    return {
+        "id": str(row.get("task_id", i)),
+        "prompt": code_completion_prompt(row["prompt"]),
+        "problem": problem,
+    }
 
 
 def _gpqa(row: dict, i: int) -> dict:

@@ -10,17 +10,22 @@ from torch import nn
 
 from .acceptance import AcceptanceRule, Verdict, get_acceptance_rule
 from .drafting import Drafter
-from .sampling import logits_to_probs, sample_tokens
+from .sampling import logits_to_probs, restrict_vocab, sample_tokens
 from .stats import DecodingStats, GenerationOutput, RoundStats
 from .timing import RoundProfiler
-from .tree import build_tree, path_probs
+from .tree import build_tree, tree_probs
 from .validation import check_context, check_prompt, check_sampling, check_vocab
 from .verifier import TreeVerifier
 
 __all__ = ["speculative_generate", "verifier_generate"]
 
 
-def _eos_set(eos_token_id: int | list[int] | None) -> set[int]:
+def _eos_set(verifier: nn.Module, eos_token_id: int | list[int] | None) -> set[int]:
+    """The ids that end generation: ``eos_token_id`` if given, else the verifier's
+    ``generation_config.eos_token_id`` (as ``generate()`` does); ``[]`` disables stopping."""
+    if eos_token_id is None:
+        config = getattr(verifier, "generation_config", None)
+        eos_token_id = getattr(config, "eos_token_id", None)
     if eos_token_id is None:
         return set()
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
@@ -34,10 +39,88 @@ def _check_common(verifier, input_ids, max_new_tokens, temperature, top_k, top_p
     check_context(verifier, input_ids.shape[1], max_new_tokens)
 
 
-def _finish(input_ids: torch.Tensor, new_tokens: list[int], stats: DecodingStats) -> GenerationOutput:
-    stats.new_tokens = len(new_tokens)
-    tail = torch.tensor([new_tokens], dtype=input_ids.dtype, device=input_ids.device)
-    return GenerationOutput(torch.cat([input_ids, tail], dim=1), stats)
+def _check_drafting(gamma, num_drafts, draft_temperature, rule: AcceptanceRule) -> None:
+    if not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma (the draft window) must be an integer >= 1, got {gamma!r}")
+    if not isinstance(num_drafts, int) or num_drafts < 1:
+        raise ValueError(f"num_drafts must be an integer >= 1, got {num_drafts!r}")
+    if draft_temperature < 0:
+        raise ValueError(f"draft_temperature must be >= 0, got {draft_temperature}")
+    if rule.max_drafts is not None and num_drafts > rule.max_drafts:
+        raise ValueError(
+            f"acceptance={rule.name!r} is exact only for a single draft sampled from q (no selection), but "
+            f"num_drafts={num_drafts}. Use acceptance='greedy' (lossless under self-selection) or "
+            f"'recursive' for K > 1, or set num_drafts=1."
+        )
+
+
+class _Output:
+    """The tokens emitted so far, the stopping rules, and the streamer that watches them."""
+
+    def __init__(self, input_ids, max_new_tokens, eos: set[int], streamer, max_time) -> None:
+        self.input_ids = input_ids
+        self.context = input_ids[0].tolist()
+        self.new: list[int] = []
+        self.max_new_tokens = max_new_tokens
+        self.eos = eos
+        self.streamer = streamer
+        self.deadline = None if max_time is None else time.perf_counter() + max_time
+        self.stopped = False
+        if streamer is not None:
+            streamer.put(input_ids.cpu())  # generate() streams the prompt first; TextStreamer skips it
+
+    @property
+    def room(self) -> int:
+        return self.max_new_tokens - len(self.new)
+
+    @property
+    def done(self) -> bool:
+        return (
+            self.stopped
+            or self.room <= 0
+            or (self.deadline is not None and time.perf_counter() >= self.deadline)
+        )
+
+    def emit(self, tokens: list[int]) -> None:
+        """Append a round's tokens, up to and including the first EOS."""
+        for i, token in enumerate(tokens):
+            if token in self.eos:
+                tokens, self.stopped = tokens[: i + 1], True
+                break
+        self.new += tokens
+        self.context += tokens
+        if self.streamer is not None and tokens:
+            self.streamer.put(torch.tensor(tokens))
+
+    def finish(self, stats: DecodingStats) -> GenerationOutput:
+        if self.streamer is not None:
+            self.streamer.end()
+        stats.new_tokens = len(self.new)
+        tail = torch.tensor([self.new], dtype=self.input_ids.dtype, device=self.input_ids.device)
+        return GenerationOutput(torch.cat([self.input_ids, tail], dim=1), stats)
+
+
+def _draft(
+    drafter, rule, out: _Output, window, gamma, num_drafts, draft_temperature, generator, vocab, device
+):
+    """The round's K drafts ``[K, window]`` and their q ``[K, window, V]`` (empty when window = 0)."""
+    if window == 0:
+        empty = torch.empty(1, 0, dtype=torch.long, device=device)
+        return empty, torch.empty(1, 0, vocab, device=device)
+    prefix = torch.tensor([out.context], dtype=torch.long, device=device)
+    proposal = drafter.propose(prefix, gamma, num_drafts, draft_temperature, generator).truncate(window)
+    if rule.needs_exact_q and not proposal.exact_q:
+        raise ValueError(
+            f"acceptance={rule.name!r} needs drafts sampled from the q it is given, but this drafter's "
+            f"proposal is not (e.g. multi-step denoising or added lookup drafts); use acceptance='greedy'"
+        )
+    return proposal.tokens[0], proposal.probs[0]
+
+
+def _verify(rule, drafts, q, p, window, generator) -> Verdict:
+    if window == 0:  # nothing drafted (the last token): plain sampling, no rule involved
+        return Verdict(0, int(sample_tokens(p[0, :1], generator)))
+    return rule.verify(drafts, q, p, generator)
 
 
 @torch.no_grad()
@@ -58,6 +141,7 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     max_time: float | None = None,
     profiler: RoundProfiler | None = None,
+    streamer=None,
 ) -> GenerationOutput:
     """Losslessly decode ``verifier`` with drafts from ``drafter`` (SpecDiff-2, METHOD.md §2–4).
 
@@ -77,70 +161,44 @@ def speculative_generate(
             (``min(1, p/q)``, K = 1 only), ``"recursive"`` (multi-draft rejection), or a rule instance.
         temperature, top_k, top_p: the verifier's sampling transforms; ``temperature=0`` is greedy
             decoding. The output is distributed exactly as the verifier's own sampling with these.
-        eos_token_id: stop after emitting any of these.
-        generator: a ``torch.Generator`` on the models' device, for reproducible runs.
+        eos_token_id: stop after emitting any of these; None: the verifier's
+            ``generation_config.eos_token_id`` (as ``generate()``); ``[]``: never stop early.
+        generator: a ``torch.Generator`` on the verifier's device, for reproducible runs.
         max_time: stop after the round during which this many seconds passed (time-budgeted decoding).
         profiler: a :class:`RoundProfiler` to split each round's time into phases.
+        streamer: an object with ``put(token_ids)`` / ``end()`` (HF ``TextStreamer`` protocol): gets
+            the prompt, then each round's emitted tokens as they are accepted.
 
     Returns:
         :class:`GenerationOutput` with ``sequences[1, L + new]`` and per-round ``stats``.
     """
     _check_common(verifier, input_ids, max_new_tokens, temperature, top_k, top_p)
-    if not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma (the draft window) must be an integer >= 1, got {gamma!r}")
-    if not isinstance(num_drafts, int) or num_drafts < 1:
-        raise ValueError(f"num_drafts must be an integer >= 1, got {num_drafts!r}")
-    if draft_temperature < 0:
-        raise ValueError(f"draft_temperature must be >= 0, got {draft_temperature}")
     rule = get_acceptance_rule(acceptance)
-    if rule.max_drafts is not None and num_drafts > rule.max_drafts:
-        raise ValueError(
-            f"acceptance={rule.name!r} is exact only for a single draft sampled from q (no selection), but "
-            f"num_drafts={num_drafts}. Use acceptance='greedy' (lossless under self-selection) or "
-            f"'recursive' for K > 1, or set num_drafts=1."
-        )
-    check_vocab(verifier, drafter.vocab_size)
+    _check_drafting(gamma, num_drafts, draft_temperature, rule)
+    vocab = check_vocab(verifier, drafter.vocab_size, drafter.vocab_limit)
 
     drafter.reset()
-    eos = _eos_set(eos_token_id)
+    out = _Output(input_ids, max_new_tokens, _eos_set(verifier, eos_token_id), streamer, max_time)
     state = TreeVerifier(verifier, input_ids)
     stats = DecodingStats(gamma=gamma, prefill_calls=state.forward_calls)
-    context = input_ids[0].tolist()
-    new_tokens: list[int] = []
     device = input_ids.device
-
     prof = profiler or _NullProfiler()
-    deadline = None if max_time is None else time.perf_counter() + max_time
-    while len(new_tokens) < max_new_tokens:
+    while not out.done:
         with prof.round():
             # Each round emits up to window + 1 tokens; never draft past max_new_tokens.
-            window = min(gamma, max_new_tokens - len(new_tokens) - 1)
+            window = min(gamma, out.room - 1)
             with prof.phase("draft"):
-                if window > 0:
-                    prefix = torch.tensor([context], dtype=torch.long, device=device)
-                    proposal = drafter.propose(
-                        prefix, gamma, num_drafts, draft_temperature, generator
-                    ).truncate(window)
-                    stats.drafter_calls += 1
-                    if rule.needs_exact_q and not proposal.exact_q:
-                        raise ValueError(
-                            f"acceptance={rule.name!r} needs drafts sampled from the q it is given, but this "
-                            f"drafter's proposal is not (e.g. multi-step denoising); use acceptance='greedy'"
-                        )
-                    drafts, q = proposal.tokens[0], proposal.probs[0]
-                else:
-                    drafts = torch.empty(1, 0, dtype=torch.long, device=device)
-                    q = torch.empty(1, 0, state.model.config.vocab_size, device=device)
+                drafts, q = _draft(
+                    drafter, rule, out, window, gamma, num_drafts, draft_temperature, generator, vocab, device
+                )
+                stats.drafter_calls += window > 0
             with prof.phase("tree"):
                 tree = build_tree(state.pending, drafts)
             with prof.phase("verify"):
-                logits = state.score(tree)
+                logits = restrict_vocab(state.score(tree), vocab)
             with prof.phase("accept"):
-                p = path_probs(logits_to_probs(logits, temperature, top_k, top_p), tree)
-                if window > 0:
-                    verdict = rule.verify(drafts, q, p, generator)
-                else:  # nothing drafted (the last token): plain sampling, no rule involved
-                    verdict = Verdict(0, int(sample_tokens(p[0, :1], generator)))
+                p = tree_probs(logits_to_probs(logits, temperature, top_k, top_p), tree)
+                verdict = _verify(rule, drafts, q, p, window, generator)
             k, a = verdict.draft_index, verdict.num_accepted
             with prof.phase("cache"):
                 root = torch.zeros(1, dtype=torch.long, device=device)
@@ -150,14 +208,8 @@ def speculative_generate(
             stats.rounds.append(
                 RoundStats(window, a, a == window and window > 0, tree.size, k, tuple(draft), tuple(emitted))
             )
-            for token in emitted:
-                new_tokens.append(token)
-                context.append(token)
-                if token in eos:
-                    return _finish(input_ids, new_tokens, stats)
-        if deadline is not None and time.perf_counter() >= deadline:
-            break
-    return _finish(input_ids, new_tokens, stats)
+            out.emit(emitted)
+    return out.finish(stats)
 
 
 class _NullProfiler:
@@ -182,24 +234,21 @@ def verifier_generate(
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
     max_time: float | None = None,
+    streamer=None,
 ) -> GenerationOutput:
     """Plain autoregressive decoding through the same cache code (root-only trees): the
     speed-up denominator. Arguments as :func:`speculative_generate`."""
     _check_common(verifier, input_ids, max_new_tokens, temperature, top_k, top_p)
-    eos = _eos_set(eos_token_id)
+    out = _Output(input_ids, max_new_tokens, _eos_set(verifier, eos_token_id), streamer, max_time)
     state = TreeVerifier(verifier, input_ids)
     stats = DecodingStats(gamma=0, prefill_calls=state.forward_calls)
     empty = torch.empty(1, 0, dtype=torch.long, device=input_ids.device)
     root = torch.zeros(1, dtype=torch.long, device=input_ids.device)
-    new_tokens: list[int] = []
-    deadline = None if max_time is None else time.perf_counter() + max_time
-    while len(new_tokens) < max_new_tokens and (deadline is None or time.perf_counter() < deadline):
+    while not out.done:
         tree = build_tree(state.pending, empty)
         probs = logits_to_probs(state.score(tree), temperature, top_k, top_p)
         token = int(sample_tokens(probs, generator))
         stats.rounds.append(RoundStats(0, 0, False, 1, 0, (), (token,)))
         state.commit(tree, root, token)
-        new_tokens.append(token)
-        if token in eos:
-            break
-    return _finish(input_ids, new_tokens, stats)
+        out.emit([token])
+    return out.finish(stats)

@@ -48,6 +48,14 @@ class LookupAugmentedDrafter(Drafter):
         self.vocab_size = base.vocab_size
         self.max_ngram = max_ngram
 
+    @property
+    def vocab_limit(self) -> int | None:
+        return self.base.vocab_limit
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.device
+
     def reset(self) -> None:
         self.base.reset()
 

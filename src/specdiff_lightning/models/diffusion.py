@@ -38,6 +38,7 @@ def block_causal_allowed(past: int, num_new: int, gamma: int, device=None) -> to
     allowed[:num_new, past:] = torch.ones(num_new, q, dtype=torch.bool, device=device).tril()
     return allowed
 
+
 def _config_token_ids(config, name: str) -> set[int]:
     value = getattr(config, name, None)
     if value is None:
@@ -231,7 +232,9 @@ class DiffusionDrafter(Drafter):
         if self.attention == "block_causal":
             if gamma is None:
                 raise ValueError("a block-causal drafter needs gamma (the mask block size)")
-            allowed = block_causal_allowed(0, length - gamma, gamma, tokens.device)[None].expand(batch, -1, -1)
+            allowed = block_causal_allowed(0, length - gamma, gamma, tokens.device)[None].expand(
+                batch, -1, -1
+            )
             if attention_mask is not None:
                 allowed = allowed & attention_mask.bool()[:, None, :]
             mask = self._model_mask(allowed)
@@ -299,10 +302,14 @@ class DiffusionDrafter(Drafter):
         if self.shift_logits:
             # q_1 from the last prefix position (causal), q_j (j >= 2) from mask j - 1 of the block.
             first = (starts - 1)[:, :, None]
-            rest = length + (torch.arange(m, device=device) * gamma)[None, :, None] + j[None, None, : gamma - 1]
+            rest = (
+                length + (torch.arange(m, device=device) * gamma)[None, :, None] + j[None, None, : gamma - 1]
+            )
             rows = torch.cat([first, rest.expand(batch, -1, -1)], dim=2)
         else:
-            rows = (length + (torch.arange(m, device=device) * gamma)[:, None] + j)[None].expand(batch, -1, -1)
+            rows = (length + (torch.arange(m, device=device) * gamma)[:, None] + j)[None].expand(
+                batch, -1, -1
+            )
         picked = hidden.gather(1, rows.reshape(batch, -1, 1).expand(-1, -1, hidden.shape[-1]))
         return base.lm_head(picked).reshape(batch, m, gamma, -1)
 
@@ -391,7 +398,12 @@ class DiffusionDrafter(Drafter):
         self, input_ids: torch.Tensor, gamma: int, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """:meth:`draft_logits` without ``no_grad`` (for streak-distillation)."""
-        if self.prefix_cache and attention_mask is None and input_ids.shape[0] == 1 and not torch.is_grad_enabled():
+        if (
+            self.prefix_cache
+            and attention_mask is None
+            and input_ids.shape[0] == 1
+            and not torch.is_grad_enabled()
+        ):
             return self._cached_window_logits(input_ids, gamma)
         tokens, mask, _ = self._masked_input(input_ids, gamma, attention_mask)
         keep = self._keep(gamma)
