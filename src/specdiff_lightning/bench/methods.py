@@ -106,17 +106,18 @@ def _short(dtype: str) -> str:
 def default_methods(cfg: DecodingConfig, with_ar: bool) -> list[BenchMethod]:
     k = max(cfg.num_drafts, 1)
     methods = [
-        BenchMethod("verifier (ours)", "verifier"),
-        BenchMethod("HF generate", "hf"),
-        BenchMethod("HF prompt lookup", "hf_prompt_lookup"),
+        BenchMethod("verifier (ours)", "verifier", key="verifier"),
+        BenchMethod("HF generate", "hf", key="hf_generate"),
+        BenchMethod("HF prompt lookup", "hf_prompt_lookup", key="hf_prompt_lookup"),
     ]
     if with_ar:
         methods += [
-            BenchMethod("HF assisted (AR drafter)", "hf_assisted"),
+            BenchMethod("HF assisted (AR drafter)", "hf_assisted", key="hf_assisted"),
             BenchMethod(
                 "SpS (AR drafter)",
                 "sps",
                 {"num_drafts": 1, "acceptance": "standard", "draft_temperature": 1.0},
+                key="sps",
             ),
         ]
     methods += [
@@ -124,11 +125,25 @@ def default_methods(cfg: DecodingConfig, with_ar: bool) -> list[BenchMethod]:
             "SpecDiff (K=1, standard)",
             "diffusion",
             {"num_drafts": 1, "acceptance": "standard", "draft_temperature": 1.0},
+            key="specdiff_k1_standard",
         ),
-        BenchMethod("SpecDiff-2 (K=1, greedy)", "diffusion", {"num_drafts": 1, "acceptance": "greedy"}),
-        BenchMethod(f"SpecDiff-2 (K={k}, greedy)", "diffusion", {"num_drafts": k, "acceptance": "greedy"}),
         BenchMethod(
-            f"SpecDiff-2 (K={k}, recursive)", "diffusion", {"num_drafts": k, "acceptance": "recursive"}
+            "SpecDiff-2 (K=1, greedy)",
+            "diffusion",
+            {"num_drafts": 1, "acceptance": "greedy"},
+            key="specdiff2_k1",
+        ),
+        BenchMethod(
+            f"SpecDiff-2 (K={k}, greedy)",
+            "diffusion",
+            {"num_drafts": k, "acceptance": "greedy"},
+            key=f"specdiff2_k{k}",
+        ),
+        BenchMethod(
+            f"SpecDiff-2 (K={k}, recursive)",
+            "diffusion",
+            {"num_drafts": k, "acceptance": "recursive"},
+            key=f"specdiff2_k{k}_recursive",
         ),
     ]
     return methods
@@ -159,7 +174,9 @@ def sweep_methods(
 ) -> list[BenchMethod]:
     """Ablation rows: K (Fig. 5), draft temperature, gamma (Fig. 10), denoising steps (Fig. 9)."""
     rows = [
-        BenchMethod(f"K={k}", "diffusion", {"num_drafts": k, "acceptance": "greedy"}, "num_drafts")
+        BenchMethod(
+            f"K={k}", "diffusion", {"num_drafts": k, "acceptance": "greedy"}, "num_drafts", key=f"sweep_k{k}"
+        )
         for k in num_drafts
     ]
     rows += [
@@ -169,10 +186,16 @@ def sweep_methods(
         for t in draft_temperature
     ]
     rows += [
-        BenchMethod(f"gamma={g}", "diffusion", {"gamma": g, "acceptance": "greedy"}, "gamma") for g in gamma
+        BenchMethod(
+            f"gamma={g}", "diffusion", {"gamma": g, "acceptance": "greedy"}, "gamma", key=f"sweep_gamma{g}"
+        )
+        for g in gamma
     ]
     rows += [
-        BenchMethod(f"steps={s}", "diffusion", {"acceptance": "greedy"}, "steps", steps=s) for s in steps
+        BenchMethod(
+            f"steps={s}", "diffusion", {"acceptance": "greedy"}, "steps", steps=s, key=f"sweep_steps{s}"
+        )
+        for s in steps
     ]
     return rows
 
@@ -186,11 +209,13 @@ def extra_drafter_methods(name: str, cfg: DecodingConfig) -> list[BenchMethod]:
             "diffusion",
             {"num_drafts": 1, "acceptance": "greedy"},
             drafter=name,
+            key=f"specdiff2_k1_{name}",
         ),
         BenchMethod(
             f"SpecDiff-2 (K={k}, greedy, {name})",
             "diffusion",
             {"num_drafts": k, "acceptance": "greedy"},
             drafter=name,
+            key=f"specdiff2_k{k}_{name}",
         ),
     ]

@@ -31,22 +31,25 @@ def run_cli(argv: list[str] | None = None, **kwargs):
 
 # ---------------------------------------------------------------------- plain commands
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Build the built-in pair on the CPython standard library (verifier shipped in assets/demo), "
-        "pretrain the AR and diffusion drafters, streak-distil, and benchmark every method side by side on "
-        "held-out functions. Finished stages are reused on a rerun."
+    from ..demo import DEFAULT_DEMO, DEMOS
+
+    parser.description = "Run an end-to-end demo on this machine. Presets:\n" + "\n".join(
+        f"  {name:14s} {demo.summary}" for name, demo in DEMOS.items()
+    )
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument(
+        "--preset", choices=tuple(DEMOS), default=DEFAULT_DEMO, help=f"default: {DEFAULT_DEMO}"
     )
     parser.add_argument(
-        "--preset", choices=("full", "smoke"), default="full", help="smoke: a minutes-long CI-sized run"
+        "--root", default=None, help="output directory (default runs/demo, or the preset's own)"
     )
     parser.add_argument(
-        "--root", default=None, help="output directory (default runs/demo, or runs/demo-smoke)"
+        "--force-bench", action="store_true", help="builtin: rerun the benchmark even if bench.json exists"
     )
     parser.add_argument(
-        "--force-bench", action="store_true", help="rerun the benchmark even if bench.json exists"
-    )
-    parser.add_argument(
-        "--assets", default="assets/demo", help="where the shipped verifier and tokenizer live"
+        "--assets",
+        default=None,
+        help="where the shipped models live (assets/smollm2, assets/demo for builtin)",
     )
 
 

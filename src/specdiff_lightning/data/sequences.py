@@ -71,6 +71,7 @@ class SequenceDataModule(L.LightningDataModule):
         data_files: JSONL/Parquet corpus files or globs with ``prompt_ids`` and ``continuation_ids``.
         max_length: tokens per sequence (the prompt is cut from the left to fit).
         min_continuation: skip records whose continuation is shorter (EOS right away).
+        gamma: the drafter's window (linked from the model by the CLI; the module cuts the windows).
     """
 
     def __init__(
@@ -81,6 +82,7 @@ class SequenceDataModule(L.LightningDataModule):
         val_percent: int = 5,
         min_continuation: int = 8,
         seed: int = 0,
+        gamma: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()

@@ -58,6 +58,7 @@ class SliceDrafterTraining(L.LightningModule):
         gamma: the draft window. blocks: windows (or, for ``ar``, blocks of gamma positions) per sequence.
         mask_token_id: the drafter's [MASK]: an id the verifier never emits (SmolLM2: 16, ``<empty_output>``).
         draft_temperature: T in the streak objective (as at deployment).
+        export_dir: write the trained slice here when training ends (see :meth:`export`).
     """
 
     def __init__(
@@ -75,6 +76,8 @@ class SliceDrafterTraining(L.LightningModule):
         weight_decay: float = 0.0,
         warmup_steps: int = 20,
         seed: int = 0,
+        export_dir: str | None = None,
+        export_dtype: str = "bfloat16",
     ) -> None:
         super().__init__()
         if objective not in OBJECTIVES:
@@ -153,6 +156,11 @@ class SliceDrafterTraining(L.LightningModule):
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_train_end(self) -> None:
+        if self.hparams.export_dir and self.trainer.is_global_zero:
+            self.export(self.hparams.export_dir, getattr(torch, self.hparams.export_dtype))
+            print(f"drafter slice written to {self.hparams.export_dir}")
 
     def export(self, path: str, dtype: torch.dtype | None = torch.bfloat16) -> None:
         """Write the drafter slice (N layers + norm; embeddings stay the verifier's)."""

@@ -1,4 +1,4 @@
-"""``make demo``: the built-in CPU pair end to end, from a fresh clone.
+"""``demo --preset builtin``: the built-in CPU pair end to end, training included.
 
 Stages (each reused when its output exists):
   1. prepare    stdlib corpus split by module, held-out function prompts, distillation prompts
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["run_demo", "prepare_demo_data", "PRESETS", "ASSETS", "check_targets"]
+__all__ = ["run_builtin_demo", "prepare_demo_data", "PRESETS", "ASSETS", "check_targets"]
 
 ASSETS = Path("assets/demo")
 CONFIGS = Path("configs/demo")
@@ -61,7 +61,7 @@ def prepare_demo_data(
     of 16-64 tokens cut at random points of train-split modules."""
     from transformers import AutoTokenizer
 
-    from .data.stdlib import build_stdlib_corpus, train_tokenizer
+    from ..data.stdlib import build_stdlib_corpus, train_tokenizer
 
     root = Path(root)
     data = root / "data"
@@ -103,7 +103,7 @@ def _banner(text: str) -> None:
 
 
 def _fit_and_export(config: str, out: Path, steps: int, extra: list[str] = ()) -> None:
-    from .cli import run_cli
+    from ..cli.lightning_cli import run_cli
 
     cli = run_cli(["fit", "--config", config, "--trainer.max_steps", str(steps), *extra])
     tmp = out.with_name(out.name + ".tmp")
@@ -112,10 +112,10 @@ def _fit_and_export(config: str, out: Path, steps: int, extra: list[str] = ()) -
     tmp.rename(out)  # a stage counts as finished only once its export is complete
 
 
-def run_demo(
+def run_builtin_demo(
     preset: str = "full", root: str | None = None, force_bench: bool = False, assets: str | Path = ASSETS
 ) -> int:
-    from .cli import run_cli
+    from ..cli.lightning_cli import run_cli
 
     p = PRESETS[preset]
     root = Path(root or p.root)
@@ -202,62 +202,37 @@ def run_demo(
     return 0
 
 
-def _row(report: dict, prefix: str) -> dict | None:
-    return next((r for r in report["rows"] if r["method"].startswith(prefix)), None)
-
-
 def check_targets(report: dict) -> str:
-    """The issue's four targets, measured from one bench run."""
-    rows = report["rows"]
-    verifier = _row(report, "verifier (ours)")
-    k1 = _row(report, "SpecDiff-2 (K=1, greedy)")
-    k1_base = next((r for r in rows if r["method"].startswith("SpecDiff-2 (K=1, greedy, undistilled")), None)
-    k8 = next(
-        (
-            r
-            for r in rows
-            if r["kind"] == "diffusion"
-            and r["sweep"] is None
-            and r["drafter"] is None
-            and r["num_drafts"] >= 8
-            and r["acceptance"] == "greedy"
+    """The built-in pair's targets, rows looked up by role and key (never by label)."""
+    from ..bench.targets import Target, best_row, find_row
+    from ..bench.targets import check_targets as check
+
+    def accepted(key):
+        return lambda r: (lambda row: row and (row["mean_accepted"], row["method"]))(find_row(r, key))
+
+    def fastest(role):
+        return lambda r: (lambda row: row and (row["tokens_per_s"], row["method"]))(best_row(r, role))
+
+    k = max((row["num_drafts"] for row in report["rows"] if row.get("role") == "specdiff2"), default=8)
+    targets = [
+        Target(
+            "streak-distillation vs undistilled, accepted/call (K=1)",
+            accepted("specdiff2_k1"),
+            accepted("specdiff2_k1_undistilled"),
+            1.3,
         ),
-        None,
+        Target(
+            f"self-selection K={k} vs K=1, accepted/call",
+            accepted(f"specdiff2_k{k}"),
+            accepted("specdiff2_k1"),
+            1.15,
+        ),
+        Target("best SpecDiff-2 vs verifier-only, tokens/s", fastest("specdiff2"), fastest("verifier"), 1.5),
+        Target("best SpecDiff-2 vs HF assisted, tokens/s", fastest("specdiff2"), fastest("hf_assisted"), 1.0),
+    ]
+    text, _ = check(report, targets)
+    same = all(r.get("identical") is not False for r in report["rows"])
+    return (
+        text
+        + f"- lossless: {'every' if same else 'NOT every'} method's temperature-0 output equals the verifier's\n"
     )
-    assisted = _row(report, "HF assisted")
-    ours = [r for r in rows if r["kind"] == "diffusion" and r["drafter"] is None]
-    best = max(ours, key=lambda r: r["tokens_per_s"]) if ours else None
-    lines = ["## Targets (one bench run)", ""]
-
-    def line(name, ok, text):
-        lines.append(f"- [{'x' if ok else ' '}] {name}: {text}")
-
-    same = all(r["identical_to_verifier"] is not False for r in rows)
-    line(
-        "lossless", same, "every method's temperature-0 output equals the verifier's" if same else "MISMATCH"
-    )
-    if k1 and k1_base:
-        ratio = k1["mean_accepted"] / max(k1_base["mean_accepted"], 1e-9)
-        line(
-            "streak-distillation >= 1.3x",
-            ratio >= 1.3,
-            f"K=1 accepted/call {k1['mean_accepted']:.2f} vs undistilled {k1_base['mean_accepted']:.2f} = {ratio:.2f}x",
-        )
-    if k1 and k8:
-        ratio = k8["mean_accepted"] / max(k1["mean_accepted"], 1e-9)
-        line(
-            f"self-selection K={k8['num_drafts']}, T={k8['draft_temperature']} >= 1.15x",
-            ratio >= 1.15,
-            f"accepted/call {k8['mean_accepted']:.2f} vs K=1 {k1['mean_accepted']:.2f} = {ratio:.2f}x",
-        )
-    if best and verifier:
-        ratio = best["tokens_per_s"] / verifier["tokens_per_s"]
-        text = f"best SpecDiff-2 ({best['method']}) {best['tokens_per_s']:.1f} tok/s vs verifier {verifier['tokens_per_s']:.1f} = {ratio:.2f}x"
-        line("speed >= 1.5x verifier-only", ratio >= 1.5, text)
-        if assisted:
-            line(
-                "faster than HF assisted",
-                best["tokens_per_s"] > assisted["tokens_per_s"],
-                f"{best['tokens_per_s']:.1f} vs {assisted['tokens_per_s']:.1f} tok/s",
-            )
-    return "\n".join(lines) + "\n"

@@ -1,0 +1,108 @@
+"""Drafter cost against context length, next to the verifier's one-token step at the same context.
+
+A drafter pays off only if a round's drafting is cheap next to a verifier step and stays so as the
+context grows. This measures, per context length, the median time of: one verifier decoding step
+(KV cache of the context, one new token), one drafting round with the prefix cache (a few newly
+accepted tokens plus the mask block) and without it (the whole prefix every round).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+
+import torch
+
+from ..decoding.timing import now
+from ..models.diffusion import DiffusionDrafter
+
+__all__ = ["drafter_cost_curve", "plot_drafter_cost"]
+
+
+@torch.no_grad()
+def _verifier_step_ms(verifier, ids: torch.Tensor, repeats: int) -> float:
+    from transformers import DynamicCache
+
+    device = ids.device
+    times = []
+    for _ in range(repeats):
+        cache = DynamicCache(config=verifier.config)
+        verifier(input_ids=ids[:, :-1], cache=cache, use_cache=True, logits_to_keep=1)
+        start = now(device)
+        verifier(input_ids=ids[:, -1:], cache=cache, use_cache=True)
+        times.append(now(device) - start)
+    return 1000 * statistics.median(times)
+
+
+@torch.no_grad()
+def _drafter_round_ms(
+    drafter: DiffusionDrafter, ids: torch.Tensor, gamma: int, new: int, repeats: int
+) -> float:
+    device = ids.device
+    times = []
+    for _ in range(repeats):
+        drafter.reset()
+        drafter.draft_logits(ids[:, :-new], gamma)  # the rounds before: the cache holds the prefix
+        start = now(device)
+        drafter.draft_logits(ids, gamma)
+        times.append(now(device) - start)
+    return 1000 * statistics.median(times)
+
+
+def drafter_cost_curve(
+    verifier,
+    drafter: DiffusionDrafter,
+    contexts: list[int] = (200, 400, 600, 800, 1000),
+    gamma: int = 8,
+    new_tokens: int = 3,
+    repeats: int = 5,
+    seed: int = 0,
+) -> list[dict]:
+    """``[{context, verifier_step_ms, drafter_cached_ms, drafter_uncached_ms}]`` per context length.
+
+    ``new_tokens``: tokens the cached drafter runs besides the mask block (a round's accepted tokens).
+    Random token ids stand in for text: costs depend on lengths, not on which tokens.
+    """
+    cached = copy.copy(drafter)
+    cached.prefix_cache = True
+    uncached = copy.copy(drafter)
+    uncached.prefix_cache = False
+    gen = torch.Generator().manual_seed(seed)
+    vocab = int(verifier.config.vocab_size)
+    device = next(verifier.parameters()).device
+    rows = []
+    for context in contexts:
+        ids = torch.randint(100, vocab - 100, (1, context), generator=gen).to(device)
+        rows.append(
+            {
+                "context": context,
+                "verifier_step_ms": _verifier_step_ms(verifier, ids, repeats),
+                "drafter_cached_ms": _drafter_round_ms(cached, ids, gamma, new_tokens, repeats),
+                "drafter_uncached_ms": _drafter_round_ms(uncached, ids, gamma, new_tokens, repeats),
+            }
+        )
+    for d in (cached, uncached):
+        d.reset()
+    return rows
+
+
+def plot_drafter_cost(rows: list[dict], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [r["context"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    ax.plot(x, [r["verifier_step_ms"] for r in rows], marker="o", label="verifier: one decoding step")
+    ax.plot(x, [r["drafter_cached_ms"] for r in rows], marker="s", label="drafter round, prefix cache")
+    ax.plot(x, [r["drafter_uncached_ms"] for r in rows], marker="^", label="drafter round, no cache")
+    ax.set_xlabel("context tokens")
+    ax.set_ylabel("ms (median)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("Drafter cost vs context")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

