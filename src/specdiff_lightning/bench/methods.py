@@ -61,6 +61,8 @@ class BenchMethod:
         key: a stable identifier (None: derived from name); target checks use role and key.
         dtype: run in this dtype's copy of the models (None: the run's first dtype).
         lookup: add a prompt-lookup draft to the K diffusion drafts (greedy acceptance only).
+        repeats: timed decodes per prompt for this row (None: the run's); fewer for rows read for
+            their acceptance or exactness rather than their speed.
     """
 
     name: str
@@ -73,6 +75,7 @@ class BenchMethod:
     key: str | None = None
     dtype: str | None = None
     lookup: bool = False
+    repeats: int | None = None
 
     def __post_init__(self) -> None:
         if self.role is None:

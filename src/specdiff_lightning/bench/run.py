@@ -128,12 +128,14 @@ def run_bench(
             timed_generate(runner(m, None), ids_of(p, m), cfg.seed, pair(m).verifier.device)
 
     samples: dict[str, dict[str, list[Sample]]] = {m.key: {p["id"]: [] for p in prompts} for m in methods}
-    total = repeats * len(prompts) * len(methods)
+    reps = {m.key: m.repeats or repeats for m in methods}
+    total = sum(reps.values()) * len(prompts)
     bar = tqdm(total=total, desc="bench", unit="decode", disable=not progress)
-    for rep in range(repeats):
+    for rep in range(max(reps.values(), default=0)):
+        active = [m for m in methods if reps[m.key] > rep]
         for i, p in enumerate(prompts):
-            shift = (rep + i) % len(methods)
-            for m in methods[shift:] + methods[:shift]:
+            shift = (rep + i) % len(active)
+            for m in active[shift:] + active[:shift]:
                 run = runner(m, profilers[m.key] if rep == 0 else None)
                 samples[m.key][p["id"]].append(
                     timed_generate(run, ids_of(p, m), method_config(cfg, m).seed, pair(m).verifier.device)
@@ -260,6 +262,7 @@ def _row(m, dtype, cfg, prompts, samples, reference, profiler, passed) -> dict:
         ),
         "tokens_per_s": statistics.median(per_rep),
         "tokens_per_s_repeats": per_rep,
+        "repeats": repeats,
         "tokens_per_s_spread": [min(per_rep), max(per_rep)],
         "identical": None if same is None else all(same),
         "identical_rate": None if same is None else sum(same) / len(same),
