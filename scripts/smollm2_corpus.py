@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -33,7 +34,7 @@ def prompts(limit: int, max_chars: int) -> list[dict]:
             continue
         out += [p for p in _function_prompts(module, source) if len(p["prompt"]) <= max_chars]
     # A deterministic spread over modules rather than the first modules alphabetically.
-    out.sort(key=lambda p: hash(p["id"]) % 1_000_003)
+    out.sort(key=lambda p: zlib.crc32(p["id"].encode()))
     return out[:limit]
 
 

@@ -62,6 +62,33 @@ def markdown_table(report: dict) -> str:
     ]
     if warnings:
         lines += ["", "Warnings:"] + [f"- {name}: {text}" for name, text in warnings]
+    return "\n".join(lines) + "\n" + profile_table(report)
+
+
+def profile_table(report: dict) -> str:
+    """Where a round of our loops spends its time (``profile=True``, first repeat): ms per round
+    by phase, and tokens emitted per round."""
+    rows = [r for r in report["rows"] if r.get("profile") and r["profile"].get("rounds")]
+    if not rows:
+        return ""
+    phases = ("draft", "tree", "verify", "accept", "cache")
+    lines = [
+        "",
+        "## Profile of our loops (ms per round, first repeat)",
+        "",
+        "| method | rounds | tokens/round | " + " | ".join(phases) + " | other | round |",
+        "|---|---:|---:|" + "---:|" * (len(phases) + 2),
+    ]
+    for r in rows:
+        prof = r["profile"]
+        n = prof["rounds"]
+        parts = [1000 * prof[f"{p}_s"] / n for p in phases]
+        total = 1000 * prof["round_s"] / n
+        lines.append(
+            f"| {r['method']} | {n} | {_fmt(r.get('tokens_per_call'))} | "
+            + " | ".join(f"{x:.1f}" for x in parts)
+            + f" | {total - sum(parts):.1f} | {total:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
