@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ..decoding.config import DecodingConfig
 from ..decoding.stats import GenerationOutput
-from ..decoding.timing import RoundProfiler, now, throughput
+from ..decoding.timing import RoundProfiler, throughput, timed
 from .methods import BenchMethod
 from .runners import RUNNERS, BenchModels, hf_generate, method_config
 
@@ -41,10 +41,7 @@ class Sample:
 
 def timed_generate(fn: Callable, ids: torch.Tensor, seed: int, device) -> Sample:
     """Run ``fn(ids, generator)`` seeded with ``seed`` between two synchronised clock reads."""
-    generator = torch.Generator(device=device).manual_seed(seed)
-    start = now(device)
-    result = fn(ids, generator)
-    seconds = now(device) - start
+    result, seconds = timed(lambda generator: fn(ids, generator), device, seed)
     if not isinstance(result, GenerationOutput):
         return Sample(list(result), seconds)
     s = result.stats

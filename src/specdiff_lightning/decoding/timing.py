@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["synchronize", "now", "throughput", "RoundProfiler"]
+__all__ = ["synchronize", "now", "throughput", "timed", "RoundProfiler"]
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
@@ -24,6 +24,15 @@ def throughput(new_tokens: int, seconds: float) -> float:
     """Tokens per second as the paper measures it (App. B.5): ``(new tokens - 1) / wall time``; the
     first token costs a prefill, not a decoding step."""
     return max(new_tokens - 1, 0) / seconds if seconds > 0 else float("nan")
+
+
+def timed(fn, device: torch.device | str | None, seed: int | None = None):
+    """``(fn(generator), seconds)``: ``fn`` run between two synchronised clock reads, given a fresh
+    ``torch.Generator`` on ``device`` seeded with ``seed`` (None: no generator)."""
+    generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+    start = now(device)
+    result = fn(generator)
+    return result, now(device) - start
 
 
 def now(device: torch.device | str | None = None) -> float:

@@ -13,7 +13,7 @@ import torch
 from ..constants import IGNORE_INDEX
 from ..decoding.config import DecodingConfig
 from ..decoding.generate import speculative_generate, verifier_generate
-from ..decoding.timing import now
+from ..decoding.timing import throughput, timed
 from ..decoding.validation import check_tokenizers, check_vocab
 from ..metrics import PositionalAcceptance, StreakLength
 from ..models.diffusion import DiffusionDrafter
@@ -215,17 +215,13 @@ class DrafterDistillation(L.LightningModule):
         for rid, ids, prompt in zip(batch["ids"], batch["input_ids"], batch["prompts"], strict=True):
             ids = ids[None].to(self.device)
             seed = cfg.seed + zlib.crc32(str(rid).encode())
-            generator = torch.Generator(device=self.device).manual_seed(seed)
-            start = now(self.device)
-            out = speculative_generate(
-                self.verifier,
-                self.drafter,
-                ids,
-                **cfg.generate_kwargs(),
-                eos_token_id=eos,
-                generator=generator,
+            out, wall = timed(
+                lambda g, ids=ids: speculative_generate(
+                    self.verifier, self.drafter, ids, **cfg.generate_kwargs(), eos_token_id=eos, generator=g
+                ),
+                self.device,
+                seed,
             )
-            wall = now(self.device) - start
             stats = out.stats
             new = out.sequences[0, ids.shape[1] :].tolist()
             row = {
@@ -244,16 +240,17 @@ class DrafterDistillation(L.LightningModule):
                 "config_hash": cfg.config_hash(),
             }
             if self.hparams.baseline:
-                generator = torch.Generator(device=self.device).manual_seed(seed)
-                start = now(self.device)
-                base = verifier_generate(
-                    self.verifier, ids, **cfg.sampling_kwargs(), eos_token_id=eos, generator=generator
+                base, base_wall = timed(
+                    lambda g, ids=ids: verifier_generate(
+                        self.verifier, ids, **cfg.sampling_kwargs(), eos_token_id=eos, generator=g
+                    ),
+                    self.device,
+                    seed,
                 )
-                base_wall = now(self.device) - start
                 base_new = base.stats.new_tokens
                 row.update(baseline_wall_time=base_wall, baseline_new_tokens=base_new)
                 if stats.new_tokens > 1 and base_new > 1:
-                    row["speedup"] = ((stats.new_tokens - 1) / wall) / ((base_new - 1) / base_wall)
+                    row["speedup"] = throughput(stats.new_tokens, wall) / throughput(base_new, base_wall)
             rows.append(row)
         return rows
 

@@ -18,7 +18,7 @@ from ..models.diffusion import DiffusionDrafter
 from ..models.tiny import tiny_model
 from .losses import mdm_corrupt, mdm_loss
 
-__all__ = ["CausalLMPretraining", "MaskedDiffusionPretraining", "window_sequences"]
+__all__ = ["CausalLMPretraining", "MaskedDiffusionPretraining", "window_sequences", "adamw_warmup_cosine"]
 
 
 def window_sequences(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +49,11 @@ def _build(arch: str, tokenizer, model: dict, seed: int):
     ).train()
 
 
-def _adamw(module: L.LightningModule, lr: float, weight_decay: float, warmup: int, total: int | None):
+def adamw_warmup_cosine(
+    module: L.LightningModule, lr: float, weight_decay: float, warmup: int, total: int | None
+):
+    """AdamW (no decay on norms/biases) with linear warm-up, then cosine to 10% over ``total`` steps
+    (constant when None); Lightning's ``configure_optimizers`` dict, stepped every step."""
     decay = [p for n, p in module.named_parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for n, p in module.named_parameters() if p.requires_grad and p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -88,7 +92,7 @@ class _WindowPretraining(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        return _adamw(self, hp.lr, hp.weight_decay, hp.warmup_steps, hp.total_steps)
+        return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.warmup_steps, hp.total_steps)
 
 
 class CausalLMPretraining(_WindowPretraining):

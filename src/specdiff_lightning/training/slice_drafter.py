@@ -16,10 +16,12 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
+from ..constants import IGNORE_INDEX
 from ..models.diffusion import DiffusionDrafter
 from ..models.loading import load_verifier
 from ..models.slicing import load_slice, save_slice, slice_causal_lm
-from .losses import IGNORE_INDEX, masked_ce_loss, streak_loss
+from .losses import masked_ce_loss, streak_loss
+from .pretraining import adamw_warmup_cosine
 
 __all__ = ["SliceDrafterTraining", "OBJECTIVES", "sample_block_starts", "block_targets"]
 
@@ -139,23 +141,9 @@ class SliceDrafterTraining(L.LightningModule):
         self.log("val/streak", streak.float().mean(), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self):
-        params = [p for p in self.drafter_model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(
-            params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay, betas=(0.9, 0.95)
-        )
         total = self.trainer.max_steps if self.trainer and self.trainer.max_steps > 0 else None
-        warmup = self.hparams.warmup_steps
-
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            if not total:
-                return 1.0
-            progress = min(1.0, (step - warmup) / max(1, total - warmup))
-            return 0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(progress * torch.pi)).item())
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        hp = self.hparams
+        return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.warmup_steps, total)
 
     def on_train_end(self) -> None:
         if self.hparams.export_dir and self.trainer.is_global_zero:
