@@ -35,7 +35,6 @@ ROLES = (
 _DEFAULT_ROLE = {
     "verifier": "verifier",
     "hf": "hf_generate",
-    "hf_compiled": "other",
     "hf_prompt_lookup": "hf_prompt_lookup",
     "hf_assisted": "hf_assisted",
     "sps": "sps",
@@ -50,8 +49,7 @@ class BenchMethod:
     Attributes:
         name: the label shown in tables and plots.
         kind: which runner decodes it (a key of ``bench.runners.RUNNERS``): ``verifier`` (our loop,
-            no drafter), ``hf`` (``generate()``), ``hf_compiled`` (``generate()`` with a static cache
-            and ``torch.compile``), ``hf_prompt_lookup``, ``hf_assisted`` (``generate(assistant_model=
+            no drafter), ``hf`` (``generate()``), ``hf_prompt_lookup``, ``hf_assisted`` (``generate(assistant_model=
             the AR drafter)``), ``sps`` (our loop, AR drafter), ``diffusion`` (our loop, a diffusion drafter).
         decoding: overrides of the run's :class:`DecodingConfig`.
         sweep: the ablation this row belongs to (``num_drafts``, ``gamma``, ...), None for main rows.

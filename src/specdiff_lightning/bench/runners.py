@@ -29,7 +29,6 @@ class BenchModels:
 
     verifier: nn.Module
     drafters: dict[str, Drafter] = field(default_factory=dict)
-    _compiled: nn.Module | None = None
 
     def drafter(self, name: str | None) -> Drafter:
         name = name or "main"
@@ -63,13 +62,6 @@ def _verifier(models, method, cfg, ids, generator, profiler):
 
 def _hf(models, method, cfg, ids, generator, profiler):
     return hf_generate(models.verifier, ids, cfg)
-
-
-def _hf_compiled(models, method, cfg, ids, generator, profiler):
-    if models._compiled is None:
-        models.verifier.forward = torch.compile(models.verifier.forward, dynamic=False)
-        models._compiled = models.verifier
-    return hf_generate(models.verifier, ids, cfg, cache_implementation="static")
 
 
 def _hf_prompt_lookup(models, method, cfg, ids, generator, profiler):
@@ -110,7 +102,6 @@ def _diffusion(models, method, cfg, ids, generator, profiler):
 RUNNERS: dict[str, Callable] = {
     "verifier": _verifier,
     "hf": _hf,
-    "hf_compiled": _hf_compiled,
     "hf_prompt_lookup": _hf_prompt_lookup,
     "hf_assisted": _hf_assisted,
     "sps": _sps,
