@@ -1,5 +1,7 @@
 """Shared test helpers: tiny model pairs, HF reference decoding, a noisy-oracle drafter."""
 
+import json
+
 import torch
 
 from specdiff_lightning import DiffusionDrafter
@@ -94,3 +96,17 @@ def tiny_distillation(**decoding):
         gamma=4,
         decoding=cfg,
     )
+
+
+def random_sequence_corpus(path, n=24, seed=0):
+    """A JSONL corpus of random records (``prompt_ids`` / ``continuation_ids`` below 60)."""
+    gen = torch.Generator().manual_seed(seed)
+    with open(path, "w") as f:
+        for i in range(n):
+            prompt = torch.randint(0, 60, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen)
+            cont = torch.randint(0, 60, (int(torch.randint(10, 30, (1,), generator=gen)),), generator=gen)
+            f.write(
+                json.dumps({"id": f"r{i}", "prompt_ids": prompt.tolist(), "continuation_ids": cont.tolist()})
+                + "\n"
+            )
+    return path

@@ -36,3 +36,17 @@ def test_bench_runs_every_method_and_writes_reports(tmp_path):
     ):
         assert (out / name).stat().st_size > 0
     assert "| SpecDiff-2 (K=4, greedy) |" in (out / "bench.md").read_text()
+
+
+def test_drafter_cost_curve_of_a_conditioned_drafter():
+    from specdiff_lightning.bench.cost import drafter_cost_curve
+    from specdiff_lightning.models import tiny_model
+    from specdiff_lightning.models.conditioned import ConditionedDrafter
+
+    verifier = tiny_model("llama", vocab_size=400, num_layers=3)
+    drafter = ConditionedDrafter.build(verifier, 1, (1, 3), mask_token_id=399)
+    rows = drafter_cost_curve(verifier, drafter, [16, 32], gamma=4, repeats=1)
+    assert [r["context"] for r in rows] == [16, 32]
+    assert all(
+        r[k] > 0 for r in rows for k in ("verifier_step_ms", "drafter_cached_ms", "drafter_uncached_ms")
+    )

@@ -25,9 +25,22 @@ def test_smollm2_smoke_demo_writes_the_bench_schema(tmp_path):
     report = json.loads((out / "bench.json").read_text())
     assert report["verifier"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and report["benchmark"] == "humaneval"
     roles = {r["role"] for r in report["rows"]}
-    assert {"verifier", "hf_generate", "hf_prompt_lookup", "hf_assisted", "sps", "specdiff2"} <= roles <= set(ROLES)
+    assert (
+        {"verifier", "hf_generate", "hf_prompt_lookup", "hf_assisted", "sps", "specdiff2"}
+        <= roles
+        <= set(ROLES)
+    )
     for row in report["rows"]:
-        for field in ("method", "role", "dtype", "tokens_per_s", "speedup", "identical", "identical_rate", "pass_at_1"):
+        for field in (
+            "method",
+            "role",
+            "dtype",
+            "tokens_per_s",
+            "speedup",
+            "identical",
+            "identical_rate",
+            "pass_at_1",
+        ):
             assert field in row, field
         assert len(row["per_prompt"]) == report["num_prompts"]
         if row["dtype"] == "float32":  # exactness is meaningful in float32: every method is identical

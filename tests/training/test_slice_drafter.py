@@ -1,11 +1,10 @@
 """Training drafters sliced from the verifier: block-diffusion adaptation, streak-distillation, AR."""
 
-import json
-
 import lightning as L
 import pytest
 import torch
 
+from helpers import random_sequence_corpus as _corpus
 from helpers import reference_greedy
 from specdiff_lightning import DiffusionDrafter, speculative_generate
 from specdiff_lightning.constants import IGNORE_INDEX
@@ -16,19 +15,6 @@ from specdiff_lightning.models.slicing import load_slice
 from specdiff_lightning.training.slice_drafter import SliceDrafterTraining, block_targets, sample_block_starts
 
 TINY = "tiny-llama"
-
-
-def _corpus(path, n=24, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    with open(path, "w") as f:
-        for i in range(n):
-            prompt = torch.randint(0, 60, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen)
-            cont = torch.randint(0, 60, (int(torch.randint(10, 30, (1,), generator=gen)),), generator=gen)
-            f.write(
-                json.dumps({"id": f"r{i}", "prompt_ids": prompt.tolist(), "continuation_ids": cont.tolist()})
-                + "\n"
-            )
-    return path
 
 
 def test_block_starts_and_targets_stay_inside_the_continuation():

@@ -14,6 +14,7 @@ import statistics
 import torch
 
 from ..decoding.timing import now
+from ..models.conditioned import ConditionedDrafter
 from ..models.diffusion import DiffusionDrafter
 
 __all__ = ["drafter_cost_curve", "plot_drafter_cost"]
@@ -49,9 +50,37 @@ def _drafter_round_ms(
     return 1000 * statistics.median(times)
 
 
+@torch.no_grad()
+def _conditioned_round_ms(
+    drafter: ConditionedDrafter, verifier, ids: torch.Tensor, gamma: int, new: int, repeats: int, cached: bool
+) -> float:
+    """A conditioned drafter's round: with its cache (the new tokens' features plus the block), or
+    without (the training forward: every context feature plus the block, one window)."""
+    device = ids.device
+    width = len(drafter.feature_layers) * int(verifier.config.hidden_size)
+    dtype = next(drafter.model.parameters()).dtype
+    feats = torch.randn(ids.shape[1] - 1, width, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    times = []
+    for _ in range(repeats):
+        if cached:
+            drafter.reset()
+            drafter.observe(feats[: ids.shape[1] - new - 1])
+            drafter.propose(ids[:, :-new], gamma, 1, 0.0)  # the rounds before: the cache holds the prefix
+            drafter.observe(feats[ids.shape[1] - new - 1 :])
+            start = now(device)
+            drafter.propose(ids, gamma, 1, 0.0)
+        else:
+            start = now(device)
+            last = torch.tensor([[ids.shape[1] - 1]], device=device)
+            drafter.blocks_logits(feats[None], ids[:, :-1], last, gamma)
+        times.append(now(device) - start)
+    drafter.reset()
+    return 1000 * statistics.median(times)
+
+
 def drafter_cost_curve(
     verifier,
-    drafter: DiffusionDrafter,
+    drafter: DiffusionDrafter | ConditionedDrafter,
     contexts: list[int] = (200, 400, 600, 800, 1000),
     gamma: int = 8,
     new_tokens: int = 3,
@@ -63,26 +92,31 @@ def drafter_cost_curve(
     ``new_tokens``: tokens the cached drafter runs besides the mask block (a round's accepted tokens).
     Random token ids stand in for text: costs depend on lengths, not on which tokens.
     """
-    cached = copy.copy(drafter)
-    cached.prefix_cache = True
-    uncached = copy.copy(drafter)
-    uncached.prefix_cache = False
+    conditioned = isinstance(drafter, ConditionedDrafter)
+    if not conditioned:
+        cached = copy.copy(drafter)
+        cached.prefix_cache = True
+        uncached = copy.copy(drafter)
+        uncached.prefix_cache = False
     gen = torch.Generator().manual_seed(seed)
     vocab = int(verifier.config.vocab_size)
     device = next(verifier.parameters()).device
     rows = []
     for context in contexts:
         ids = torch.randint(100, vocab - 100, (1, context), generator=gen).to(device)
-        rows.append(
-            {
-                "context": context,
-                "verifier_step_ms": _verifier_step_ms(verifier, ids, repeats),
-                "drafter_cached_ms": _drafter_round_ms(cached, ids, gamma, new_tokens, repeats),
-                "drafter_uncached_ms": _drafter_round_ms(uncached, ids, gamma, new_tokens, repeats),
-            }
-        )
-    for d in (cached, uncached):
-        d.reset()
+        row = {"context": context, "verifier_step_ms": _verifier_step_ms(verifier, ids, repeats)}
+        if conditioned:
+            for name, use_cache in (("drafter_cached_ms", True), ("drafter_uncached_ms", False)):
+                row[name] = _conditioned_round_ms(
+                    drafter, verifier, ids, gamma, new_tokens, repeats, use_cache
+                )
+        else:
+            row["drafter_cached_ms"] = _drafter_round_ms(cached, ids, gamma, new_tokens, repeats)
+            row["drafter_uncached_ms"] = _drafter_round_ms(uncached, ids, gamma, new_tokens, repeats)
+        rows.append(row)
+    if not conditioned:
+        for d in (cached, uncached):
+            d.reset()
     return rows
 
 

@@ -117,6 +117,9 @@ class Drafter(ABC):
     vocab_size: int
     #: when set (:meth:`restrict_vocab`), proposals cover token ids ``[0, vocab_limit)`` only
     vocab_limit: int | None = None
+    #: indices into the verifier's ``hidden_states`` (0: embeddings, i: after layer i) that this
+    #: drafter conditions on; the decoding loop then hands it those features (:meth:`observe`)
+    feature_layers: tuple[int, ...] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -156,6 +159,11 @@ class Drafter(ABC):
 
     def reset(self) -> None:  # noqa: B027 (an optional hook, not abstract)
         """Forget per-sequence state (called at the start of every generation)."""
+
+    def observe(self, features: torch.Tensor) -> None:  # noqa: B027 (an optional hook, not abstract)
+        """Take the verifier's features ``[n, F]`` (its ``feature_layers`` hidden states, concatenated)
+        of the n tokens it committed since the last call, in order. Called by the decoding loop after
+        the prefill and after every round, only when :attr:`feature_layers` is set."""
 
 
 def share_vocabulary(verifier: nn.Module, drafter: Drafter, tokenizer, drafter_tokenizer=None) -> int:

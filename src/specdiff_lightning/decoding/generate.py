@@ -117,6 +117,12 @@ def _draft(
     return proposal.tokens[0], proposal.probs[0]
 
 
+def _feed(drafter: Drafter, state: TreeVerifier) -> None:
+    """Hand a feature-conditioned drafter the verifier's features of the tokens just committed."""
+    if drafter.feature_layers is not None and state.new_features is not None:
+        drafter.observe(state.new_features)
+
+
 def _verify(rule, drafts, q, p, window, generator) -> Verdict:
     if window == 0:  # nothing drafted (the last token): plain sampling, no rule involved
         return Verdict(0, int(sample_tokens(p[0, :1], generator)))
@@ -179,7 +185,8 @@ def speculative_generate(
 
     drafter.reset()
     out = _Output(input_ids, max_new_tokens, _eos_set(verifier, eos_token_id), streamer, max_time)
-    state = TreeVerifier(verifier, input_ids)
+    state = TreeVerifier(verifier, input_ids, drafter.feature_layers)
+    _feed(drafter, state)
     stats = DecodingStats(gamma=gamma, prefill_calls=state.forward_calls)
     device = input_ids.device
     prof = profiler or _NullProfiler()
@@ -203,6 +210,7 @@ def speculative_generate(
             with prof.phase("cache"):
                 root = torch.zeros(1, dtype=torch.long, device=device)
                 state.commit(tree, torch.cat([root, tree.paths[k, :a]]), verdict.next_token)
+                _feed(drafter, state)
             draft = drafts[k].tolist()
             emitted = draft[:a] + [verdict.next_token]
             stats.rounds.append(

@@ -56,8 +56,15 @@ class LookupAugmentedDrafter(Drafter):
     def device(self) -> torch.device:
         return self.base.device
 
+    @property
+    def feature_layers(self) -> tuple[int, ...] | None:
+        return self.base.feature_layers
+
     def reset(self) -> None:
         self.base.reset()
+
+    def observe(self, features: torch.Tensor) -> None:
+        self.base.observe(features)
 
     def propose(self, input_ids, gamma, num_drafts=1, temperature=1.0, generator=None) -> Proposal:
         proposal = self.base.propose(input_ids, gamma, num_drafts, temperature, generator)

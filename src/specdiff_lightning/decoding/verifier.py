@@ -23,9 +23,15 @@ class TreeVerifier:
     Args:
         model: a stock HF causal LM (SDPA or eager attention).
         input_ids: ``LongTensor[1, L]`` the prompt, ``L >= 1``.
+        feature_layers: indices into the model's ``hidden_states`` to keep for a drafter that reads
+            the verifier's features; after the prefill and after each :meth:`commit`,
+            :attr:`new_features` holds them (concatenated, ``[n, F]``) for the n tokens just committed
+            to the cache. The forwards compute them anyway; only the selected layers are kept.
     """
 
-    def __init__(self, model: nn.Module, input_ids: torch.Tensor) -> None:
+    def __init__(
+        self, model: nn.Module, input_ids: torch.Tensor, feature_layers: tuple[int, ...] | None = None
+    ) -> None:
         check_custom_mask_support(model, "verifier")
         self.model = model
         self.dtype = next(model.parameters()).dtype
@@ -45,10 +51,30 @@ class TreeVerifier:
                     f"plain full-attention DynamicLayer caches only{hint}"
                 )
         self.forward_calls = 0
+        self.feature_layers = None if feature_layers is None else tuple(int(i) for i in feature_layers)
+        self._tree_features: torch.Tensor | None = None
+        self.new_features: torch.Tensor | None = None
         self.pending = int(input_ids[0, -1])
         if input_ids.shape[1] > 1:
-            self.model(input_ids=input_ids[:, :-1], cache=self.cache, use_cache=True, logits_to_keep=1)
+            out = self.model(
+                input_ids=input_ids[:, :-1],
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **self._feature_kwargs(),
+            )
             self.forward_calls += 1
+            self.new_features = self._features(out)
+
+    def _feature_kwargs(self) -> dict:
+        return {} if self.feature_layers is None else {"output_hidden_states": list(self.feature_layers)}
+
+    def _features(self, out) -> torch.Tensor | None:
+        """``[n, F]``: the selected hidden states of the forward's n positions, concatenated."""
+        if self.feature_layers is None:
+            return None
+        states = out.hidden_states
+        return torch.cat([states[i][0] for i in self.feature_layers], dim=-1)
 
     @property
     def past_length(self) -> int:
@@ -65,8 +91,10 @@ class TreeVerifier:
             position_ids=(past + tree.depth)[None],
             cache=self.cache,
             use_cache=True,
+            **self._feature_kwargs(),
         )
         self.forward_calls += 1
+        self._tree_features = self._features(out)
         # A verifier split across devices (device_map) returns logits on its last device.
         return out.logits[0].to(tree.tokens.device)
 
@@ -84,4 +112,6 @@ class TreeVerifier:
                 layer.values[..., start : start + kept, :] = layer.values[..., index, :]
             layer.keys = layer.keys[..., : start + kept, :]
             layer.values = layer.values[..., : start + kept, :]
+        if self._tree_features is not None:
+            self.new_features = self._tree_features[kept_nodes.to(self._tree_features.device)]
         self.pending = int(next_token)

@@ -24,6 +24,7 @@ __all__ = [
     "DRAFTER_FAMILIES",
     "SIDECAR_FILE",
     "block_causal_allowed",
+    "blocks_allowed",
 ]
 
 ATTENTION_MODES = ("bidirectional", "block_causal")
@@ -36,6 +37,25 @@ def block_causal_allowed(past: int, num_new: int, gamma: int, device=None) -> to
     q = num_new + gamma
     allowed = torch.ones(q, past + q, dtype=torch.bool, device=device)
     allowed[:num_new, past:] = torch.ones(num_new, q, dtype=torch.bool, device=device).tril()
+    return allowed
+
+
+def blocks_allowed(length: int, visible: torch.Tensor, gamma: int) -> torch.Tensor:
+    """``BoolTensor[B, L + M*gamma, L + M*gamma]``: the training mask of many blocks over one sequence.
+
+    The first ``length`` rows (the clean sequence) are causal; block m (``gamma`` rows appended after
+    the sequence) sees the sequence's first ``visible[b, m]`` positions and itself, exactly what one
+    cached decoding round sees (:func:`block_causal_allowed`)."""
+    batch, m = visible.shape
+    device = visible.device
+    total = length + m * gamma
+    allowed = torch.zeros(batch, total, total, dtype=torch.bool, device=device)
+    allowed[:, :length, :length] = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    key = torch.arange(length, device=device)
+    sees_prefix = key[None, None, :] < visible[:, :, None]  # [B, M, L]
+    allowed[:, length:, :length] = sees_prefix.repeat_interleave(gamma, dim=1)
+    block = torch.arange(m * gamma, device=device) // gamma
+    allowed[:, length:, length:] = (block[:, None] == block[None, :])[None]
     return allowed
 
 
@@ -300,14 +320,7 @@ class DiffusionDrafter(Drafter):
         masks = torch.full_like(block_pos, self.mask_token_id)
         tokens = torch.cat([input_ids, masks], dim=1)
         positions = torch.cat([torch.arange(length, device=device)[None].expand(batch, -1), block_pos], dim=1)
-        total = length + m * gamma
-        allowed = torch.zeros(batch, total, total, dtype=torch.bool, device=device)
-        allowed[:, :length, :length] = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-        key = torch.arange(length, device=device)
-        sees_prefix = key[None, None, :] < starts[:, :, None]  # [B, M, L]
-        allowed[:, length:, :length] = sees_prefix.repeat_interleave(gamma, dim=1)
-        block = torch.arange(m * gamma, device=device) // gamma
-        allowed[:, length:, length:] = (block[:, None] == block[None, :])[None]
+        allowed = blocks_allowed(length, starts, gamma)
         base = self._base()
         hidden = base.get_decoder()(
             input_ids=tokens,

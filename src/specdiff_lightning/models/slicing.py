@@ -20,6 +20,7 @@ __all__ = ["slice_causal_lm", "save_slice", "load_slice", "SLICE_FILE"]
 
 SLICE_FILE = "slice.json"
 _WEIGHTS = "slice.safetensors"
+_EXTRA = "extra."
 
 
 def slice_causal_lm(verifier: nn.Module, num_layers: int) -> nn.Module:
@@ -71,10 +72,15 @@ def _own_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_slice(
-    model: nn.Module, path: str | os.PathLike, settings: dict, dtype: torch.dtype | None = None
+    model: nn.Module,
+    path: str | os.PathLike,
+    settings: dict,
+    dtype: torch.dtype | None = None,
+    extra: nn.Module | None = None,
 ) -> Path:
     """Write the slice's own tensors (safetensors) and ``slice.json`` (its depth plus ``settings``,
-    e.g. the drafter's mask id and attention), atomically: a temporary directory renamed into place."""
+    e.g. the drafter's mask id and attention), atomically: a temporary directory renamed into place.
+    ``extra``: a module trained with the slice (e.g. a feature fusion), stored as ``extra.*``."""
     import shutil
     import tempfile
 
@@ -83,9 +89,10 @@ def save_slice(
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    state = {
-        k: (v.to(dtype) if dtype else v).detach().contiguous().cpu() for k, v in _own_state(model).items()
-    }
+    own = dict(_own_state(model))
+    if extra is not None:
+        own.update({_EXTRA + k: v for k, v in extra.state_dict().items()})
+    state = {k: (v.to(dtype) if dtype else v).detach().contiguous().cpu() for k, v in own.items()}
     save_file(state, tmp / _WEIGHTS)
     info = {"num_layers": len(model.model.layers), **settings}
     (tmp / SLICE_FILE).write_text(json.dumps(info, indent=2))
@@ -95,9 +102,12 @@ def save_slice(
     return out
 
 
-def load_slice(verifier: nn.Module, path: str | os.PathLike) -> tuple[nn.Module, dict]:
+def load_slice(
+    verifier: nn.Module, path: str | os.PathLike, extra: nn.Module | None = None
+) -> tuple[nn.Module, dict]:
     """Rebuild a slice saved by :func:`save_slice` around ``verifier``'s embeddings; returns
-    ``(model, settings)``. The model takes the verifier's dtype."""
+    ``(model, settings)``. The model takes the verifier's dtype. ``extra``: the module saved with it
+    (``save_slice(extra=...)``), loaded in place (strictly) and cast to the verifier's dtype too."""
     from safetensors.torch import load_file
 
     directory = Path(path)
@@ -106,6 +116,16 @@ def load_slice(verifier: nn.Module, path: str | os.PathLike) -> tuple[nn.Module,
     info = json.loads((directory / SLICE_FILE).read_text())
     model = slice_causal_lm(verifier, int(info["num_layers"]))
     state = load_file(directory / _WEIGHTS)
+    extra_state = {k[len(_EXTRA) :]: state.pop(k) for k in list(state) if k.startswith(_EXTRA)}
+    if bool(extra_state) != (extra is not None):
+        raise ValueError(
+            f"{directory}: the slice {'carries' if extra_state else 'has no'} extra tensors "
+            f"(kind {info.get('kind')!r}); load it with the loader of its kind "
+            f"(e.g. ConditionedDrafter.from_slice for kind 'conditioned')"
+        )
+    if extra is not None:
+        extra.load_state_dict(extra_state, strict=True)
+        extra.to(next(verifier.parameters()).dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
     expected_missing = set(model.state_dict()) - set(_own_state(model))
     if unexpected or set(missing) - expected_missing:

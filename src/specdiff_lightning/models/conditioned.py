@@ -1,0 +1,259 @@
+"""A block-diffusion drafter conditioned on the verifier's own hidden states.
+
+The sliced drafter (``models/slicing.py``) sees only tokens: two layers must rebuild what thirty
+computed, and on SmolLM2 a round emitted ~1.25 tokens (positional acceptance 0.21 / 0.18 / 0.10),
+too few to pay for itself. The verifier has already read every committed token, and its hidden
+states say what it will write next; this drafter reads them instead of the tokens (as block-diffusion
+drafters conditioned on target features do, e.g. DFlash; EAGLE does the same for AR drafters).
+
+Layout of one round (prefix ``x_0..x_{n-1}``, the last token still pending in the verifier):
+
+- context rows ``0..n-2``: ``fusion(h_t)``, the verifier's selected hidden states of token t
+  (``feature_layers``, concatenated and projected to the drafter's width), attending causally;
+- the block, rows ``n-1..n+gamma-2``: the pending token's embedding then ``gamma - 1`` masks,
+  attending to every context row and bidirectionally within the block; block row j gives
+  ``q_{j+1}``, the marginal of ``x_{n+j}``: one forward drafts the whole window.
+
+Context rows are causal, so their keys/values are cached exactly across rounds: a round runs only
+the tokens the verifier committed since the last one (their features arrive through
+:meth:`ConditionedDrafter.observe`) plus the block. Training (:meth:`ConditionedDrafter.blocks_logits`)
+runs many blocks over one sequence with the same visibility. Losslessness never depends on the
+drafter (METHOD.md §4), only acceptance does.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from ..decoding.drafting import Drafter, Proposal, derived_generator, sample_from_marginals
+from .diffusion import _is_stock_transformers_model, block_causal_allowed, blocks_allowed
+
+__all__ = ["FeatureFusion", "ConditionedDrafter", "CONDITIONED_KIND"]
+
+#: ``kind`` of a saved conditioned slice (``slice.json``)
+CONDITIONED_KIND = "conditioned"
+
+
+class FeatureFusion(nn.Module):
+    """The verifier's concatenated hidden states ``[..., len(layers) * H_v]`` -> the drafter's width
+    ``[..., H]``: a linear projection and an RMSNorm (the scales of different layers differ widely)."""
+
+    def __init__(self, in_features: int, hidden_size: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.proj = nn.Linear(in_features, hidden_size, bias=False)
+        self.norm = nn.RMSNorm(hidden_size, eps=eps)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(features))
+
+
+class ConditionedDrafter(Drafter):
+    """A stock decoder run block-causally over the verifier's features and a mask block.
+
+    Args:
+        model: a stock HF causal LM (e.g. a slice of the verifier, :func:`slice_causal_lm`); its
+            embeddings embed the block, its decoder, norm and head draft.
+        fusion: a :class:`FeatureFusion` from the verifier's features to ``model``'s width.
+        feature_layers: indices into the verifier's ``hidden_states`` (0: embeddings, i: after layer i).
+        mask_token_id: the block's [MASK] id (an id the verifier never emits).
+    """
+
+    def __init__(
+        self, model: nn.Module, fusion: FeatureFusion, feature_layers: tuple[int, ...], mask_token_id: int
+    ) -> None:
+        self.model = model
+        self.fusion = fusion
+        self.feature_layers = tuple(int(i) for i in feature_layers)
+        if not self.feature_layers:
+            raise ValueError("feature_layers must name at least one of the verifier's hidden states")
+        self.vocab_size = int(model.config.vocab_size)
+        if not 0 <= int(mask_token_id) < self.vocab_size:
+            raise ValueError(
+                f"mask_token_id={mask_token_id} is outside the vocabulary [0, {self.vocab_size})"
+            )
+        if not _is_stock_transformers_model(model):
+            raise ValueError(
+                "ConditionedDrafter needs a stock transformers model (it passes a 4D mask and a cache)"
+            )
+        self.mask_token_id = int(mask_token_id)
+        self.reset()
+
+    # ------------------------------------------------------------------ loading / saving
+    @classmethod
+    def build(
+        cls, verifier: nn.Module, num_layers: int, feature_layers: tuple[int, ...], mask_token_id: int
+    ) -> ConditionedDrafter:
+        """A fresh drafter around ``verifier``: its first ``num_layers`` layers (copies) and a new fusion."""
+        from .slicing import slice_causal_lm
+
+        model = slice_causal_lm(verifier, num_layers)
+        return cls(model, _new_fusion(verifier, model, feature_layers), feature_layers, mask_token_id)
+
+    @classmethod
+    def from_slice(cls, verifier: nn.Module, path: str | os.PathLike) -> ConditionedDrafter:
+        """Load a drafter saved by :meth:`save` around ``verifier``'s embeddings (in its dtype)."""
+        import json
+        from pathlib import Path
+
+        from .slicing import SLICE_FILE, load_slice
+
+        info_file = Path(path) / SLICE_FILE
+        if not info_file.is_file():
+            raise FileNotFoundError(f"{path} is not a saved drafter slice (no {SLICE_FILE})")
+        info = json.loads(info_file.read_text())
+        if info.get("kind") != CONDITIONED_KIND:
+            raise ValueError(f"{path} holds a {info.get('kind')!r} drafter, not a {CONDITIONED_KIND!r} one")
+        layers = tuple(info["feature_layers"])
+        fusion = FeatureFusion(
+            len(layers) * int(verifier.config.hidden_size), int(verifier.config.hidden_size)
+        )
+        model, info = load_slice(verifier, path, extra=fusion)
+        return cls(model, fusion.eval(), layers, int(info["mask_token_id"]))
+
+    def save(
+        self, path: str | os.PathLike, settings: dict | None = None, dtype: torch.dtype | None = None
+    ) -> None:
+        """Write the slice and the fusion (never the shared embeddings) plus the settings to reload it."""
+        from .slicing import save_slice
+
+        info = {"kind": CONDITIONED_KIND, "feature_layers": list(self.feature_layers)}
+        info["mask_token_id"] = self.mask_token_id
+        save_slice(self.model, path, {**(settings or {}), **info}, dtype, extra=self.fusion)
+
+    # ------------------------------------------------------------------ forward
+    def _base(self) -> nn.Module:
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._base().get_input_embeddings()(tokens)
+
+    def _block_tokens(self, last: torch.Tensor, gamma: int) -> torch.Tensor:
+        """``[..., gamma]``: the pending token then ``gamma - 1`` masks."""
+        masks = torch.full((*last.shape, gamma - 1), self.mask_token_id, dtype=last.dtype, device=last.device)
+        return torch.cat([last[..., None], masks], dim=-1)
+
+    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        from ..decoding.attention import to_model_mask
+
+        return to_model_mask(allowed, self.model, next(self.model.parameters()).dtype)
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        # A fresh 2-D copy: the bf16 CPU head on an offset view is ~18x slower (see DiffusionDrafter).
+        rows = hidden.reshape(-1, hidden.shape[-1]).clone()
+        return self._base().get_output_embeddings()(rows).view(*hidden.shape[:-1], -1)
+
+    def blocks_logits(
+        self, features: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, gamma: int
+    ) -> torch.Tensor:
+        """Training forward: many windows of one sequence in one pass.
+
+        Args:
+            features: ``[B, L, F]`` the verifier's features of ``input_ids[B, L]`` (clean text).
+            starts: ``[B, M]`` window starts t (``1 <= t <= L``): the window drafts ``x_t..x_{t+gamma-1}``
+                from the features of ``x_0..x_{t-2}`` and the pending token ``x_{t-1}``, exactly as a
+                decoding round with prefix ``x_0..x_{t-1}`` does.
+        Returns:
+            ``logits[B, M, gamma, V]`` (the LM head runs on those rows only).
+        """
+        batch, length = input_ids.shape
+        m = starts.shape[1]
+        anchor = starts - 1  # the pending token's position
+        block = self._block_tokens(input_ids.gather(1, anchor), gamma)  # [B, M, g]
+        positions = anchor[:, :, None] + torch.arange(gamma, device=starts.device)
+        embeds = torch.cat([self.fusion(features), self._embed(block.flatten(1))], dim=1)
+        all_positions = torch.cat(
+            [torch.arange(length, device=starts.device)[None].expand(batch, -1), positions.flatten(1)], dim=1
+        )
+        hidden = (
+            self._base()
+            .get_decoder()(
+                inputs_embeds=embeds,
+                attention_mask=self._mask(blocks_allowed(length, anchor, gamma)),
+                position_ids=all_positions,
+                use_cache=False,
+            )
+            .last_hidden_state
+        )
+        return self._head(hidden[:, length:]).view(batch, m, gamma, -1)
+
+    # ------------------------------------------------------------------ decoding
+    def reset(self) -> None:
+        self._cache = None
+        self._past = 0
+        self._inbox: list[torch.Tensor] = []
+
+    def observe(self, features: torch.Tensor) -> None:
+        self._inbox.append(features)
+
+    def _cached_logits(self, input_ids: torch.Tensor, gamma: int) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        new = torch.cat(self._inbox) if self._inbox else None
+        num_new = 0 if new is None else new.shape[0]
+        committed = input_ids.shape[1] - 1
+        if self._past + num_new != committed:
+            raise ValueError(
+                f"the conditioned drafter holds the verifier's features of {self._past + num_new} tokens, "
+                f"but the prefix has {committed} committed tokens before the pending one. It drafts only "
+                f"inside speculative_generate (which feeds it the verifier's hidden states through observe()); "
+                f"call reset() before a new sequence."
+            )
+        if self._cache is None:
+            self._cache = DynamicCache()
+        dtype = next(self.model.parameters()).dtype
+        block = self._embed(self._block_tokens(input_ids[0, -1:], gamma))  # [1, g, H]
+        parts = [block] if new is None else [self.fusion(new.to(self.device, dtype))[None], block]
+        allowed = block_causal_allowed(self._past, num_new, gamma, self.device)
+        hidden = (
+            self._base()
+            .get_decoder()(
+                inputs_embeds=torch.cat(parts, dim=1),
+                attention_mask=self._mask(allowed[None]),
+                position_ids=torch.arange(self._past, self._past + num_new + gamma, device=self.device)[None],
+                cache=self._cache,
+                use_cache=True,
+            )
+            .last_hidden_state
+        )
+        self._cache.crop(-gamma)
+        self._past += num_new
+        self._inbox = []
+        return self._head(hidden[:, -gamma:])
+
+    @torch.no_grad()
+    def propose(
+        self,
+        input_ids: torch.Tensor,
+        gamma: int,
+        num_drafts: int = 1,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> Proposal:
+        if input_ids.shape[0] != 1:
+            raise ValueError("the conditioned drafter drafts one sequence at a time (batch size 1)")
+        home = input_ids.device
+        input_ids = input_ids.to(self.device)
+        logits = self._restrict_logits(self._cached_logits(input_ids, gamma))
+        proposal = sample_from_marginals(
+            logits, num_drafts, temperature, derived_generator(generator, self.device)
+        )
+        return proposal.to(home)
+
+    def __repr__(self) -> str:
+        return (
+            f"ConditionedDrafter({type(self.model).__name__}, layers={len(self._base().get_decoder().layers)}, "
+            f"feature_layers={self.feature_layers}, mask_token_id={self.mask_token_id})"
+        )
+
+
+def _new_fusion(verifier: nn.Module, model: nn.Module, feature_layers: tuple[int, ...]) -> FeatureFusion:
+    hidden = int(model.config.hidden_size)
+    fusion = FeatureFusion(len(feature_layers) * int(verifier.config.hidden_size), hidden)
+    # Start the fused rows at the scale of token embeddings, which the sliced layers were trained on.
+    with torch.no_grad():
+        weight = verifier.get_input_embeddings().weight.float()
+        fusion.norm.weight.fill_(float(weight.pow(2).mean().sqrt()))
+    return fusion.to(next(model.parameters()).dtype)

@@ -1,0 +1,153 @@
+"""Training the feature-conditioned block-diffusion drafter (``models/conditioned.py``).
+
+The frozen verifier reads each sequence (prompt ⊕ its own greedy continuation) once and yields its
+hidden states; the drafter learns, for many windows per sequence in one forward, the next ``gamma``
+tokens from those features, with the visibility of a decoding round. Objectives are the shared
+window losses (``masked_ce``: cross-entropy at every slot; ``streak``: streak-distillation).
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+
+from ..models.conditioned import ConditionedDrafter
+from ..models.loading import load_verifier
+from .losses import masked_ce_loss, streak_loss
+from .pretraining import adamw_warmup_cosine
+from .slice_drafter import block_targets, sample_block_starts
+
+__all__ = ["ConditionedDrafterTraining"]
+
+_OBJECTIVES = {"masked_ce": masked_ce_loss, "streak": streak_loss}
+
+
+class ConditionedDrafterTraining(L.LightningModule):
+    """Train a :class:`ConditionedDrafter` against a frozen verifier.
+
+    Args:
+        verifier: a :func:`~specdiff_lightning.models.loading.load_verifier` spec.
+        num_layers: the drafter's depth (its layers start as the verifier's first ones, or as
+            ``init_layers_from``'s).
+        feature_layers: the verifier's hidden states the drafter reads (0: embeddings, i: after layer i).
+        init_layers_from: a saved diffusion slice (``models/slicing.py``) whose layers and norm start the drafter.
+        init_from: a saved conditioned drafter to continue training.
+        objective: ``"masked_ce"`` or ``"streak"``.
+        gamma, blocks: the window, and windows per sequence and step.
+        mask_token_id: an id the verifier never emits (SmolLM2: 16, ``<empty_output>``).
+        cache_features: keep each sequence's features after its first epoch (bf16, in memory), so the
+            verifier reads every sequence once.
+        export_dir: write the trained drafter here when training ends.
+    """
+
+    def __init__(
+        self,
+        verifier: str = "smollm2-135m-instruct",
+        num_layers: int = 2,
+        feature_layers: tuple[int, ...] = (2, 15, 28),
+        init_layers_from: str | None = None,
+        init_from: str | None = None,
+        objective: str = "masked_ce",
+        gamma: int = 8,
+        blocks: int = 24,
+        mask_token_id: int = 16,
+        draft_temperature: float = 1.0,
+        lr: float = 5e-4,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 20,
+        seed: int = 0,
+        cache_features: bool = True,
+        export_dir: str | None = None,
+        export_dtype: str = "bfloat16",
+    ) -> None:
+        super().__init__()
+        if objective not in _OBJECTIVES:
+            raise ValueError(f"objective must be one of {sorted(_OBJECTIVES)}, got {objective!r}")
+        self.save_hyperparameters()
+        frozen = load_verifier(verifier, dtype=torch.float32).requires_grad_(False)
+        # Not a submodule: frozen, shared, never checkpointed (the drafter's embeddings are its tensors).
+        self.__dict__["verifier"] = frozen
+        if init_from:
+            drafter = ConditionedDrafter.from_slice(frozen, init_from)
+        else:
+            drafter = ConditionedDrafter.build(frozen, num_layers, tuple(feature_layers), mask_token_id)
+            if init_layers_from:
+                from ..models.slicing import load_slice
+
+                layers, _ = load_slice(frozen, init_layers_from)
+                drafter.model.model.layers.load_state_dict(layers.model.layers.state_dict())
+                drafter.model.model.norm.load_state_dict(layers.model.norm.state_dict())
+        drafter.model.model.layers.requires_grad_(True)
+        drafter.model.model.norm.requires_grad_(True)
+        self.drafter_model = drafter.model.train()
+        self.fusion = drafter.fusion.train().requires_grad_(True)
+        self.drafter = drafter
+        self._generator = torch.Generator().manual_seed(seed)
+        self._features: dict[tuple[int, ...], torch.Tensor] = {}
+
+    # Only the drafter's own tensors are trained and checkpointed (embeddings/head are the verifier's).
+    def state_dict(self, *args, **kwargs):
+        state = super().state_dict(*args, **kwargs)
+        return {k: v for k, v in state.items() if "embed_tokens" not in k and "lm_head" not in k}
+
+    strict_loading = False
+
+    def on_fit_start(self) -> None:
+        self.verifier.to(self.device)
+
+    @torch.no_grad()
+    def verifier_features(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``[B, L, F]``: the verifier's ``feature_layers`` hidden states of right-padded ``ids``."""
+        layers = self.drafter.feature_layers
+        keys = [tuple(row[: int(n)].tolist()) for row, n in zip(ids, lengths, strict=True)]
+        if self.hparams.cache_features and all(k in self._features for k in keys):
+            rows = [self._features[k] for k in keys]
+        else:
+            attention = (torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]).long()
+            states = self.verifier(input_ids=ids, attention_mask=attention, output_hidden_states=list(layers))
+            full = torch.cat([states.hidden_states[i] for i in layers], dim=-1)
+            rows = [full[b, : int(n)] for b, n in enumerate(lengths)]
+            if self.hparams.cache_features:
+                self._features.update(
+                    {k: r.to("cpu", torch.bfloat16) for k, r in zip(keys, rows, strict=True)}
+                )
+        out = torch.zeros(*ids.shape, rows[0].shape[-1], device=ids.device)
+        for b, row in enumerate(rows):
+            out[b, : row.shape[0]] = row.to(out)
+        return out
+
+    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        hp = self.hparams
+        ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
+        feats = self.verifier_features(ids, lengths)
+        starts = sample_block_starts(cont, lengths, hp.blocks, self._generator).to(ids.device)
+        targets = block_targets(ids, lengths, starts, hp.gamma)
+        logits = self.drafter.blocks_logits(feats, ids, starts, hp.gamma)
+        return _OBJECTIVES[hp.objective](logits.flatten(0, 1), targets.flatten(0, 1), hp.draft_temperature)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, streak = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/streak", streak.float().mean(), prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, streak = self._loss(batch)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        self.log("val/streak", streak.float().mean(), prog_bar=True, sync_dist=True)
+
+    def configure_optimizers(self):
+        total = self.trainer.max_steps if self.trainer and self.trainer.max_steps > 0 else None
+        hp = self.hparams
+        return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.warmup_steps, total)
+
+    def on_train_end(self) -> None:
+        if self.hparams.export_dir and self.trainer.is_global_zero:
+            self.export(self.hparams.export_dir, getattr(torch, self.hparams.export_dtype))
+            print(f"conditioned drafter written to {self.hparams.export_dir}")
+
+    def export(self, path: str, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        """Write the drafter (its layers, norm and fusion; the embeddings stay the verifier's)."""
+        hp = self.hparams
+        settings = {"objective": hp.objective, "verifier": hp.verifier, "gamma": hp.gamma}
+        self.drafter.save(path, settings, dtype)

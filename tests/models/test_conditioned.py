@@ -1,0 +1,111 @@
+"""The feature-conditioned block-diffusion drafter: its cache is exact, training sees what decoding
+sees, and decoding with it stays lossless."""
+
+import pytest
+import torch
+
+from helpers import reference_greedy
+from specdiff_lightning import speculative_generate
+from specdiff_lightning.decoding.lookup import LookupAugmentedDrafter
+from specdiff_lightning.decoding.verifier import TreeVerifier
+from specdiff_lightning.models import tiny_model
+from specdiff_lightning.models.conditioned import ConditionedDrafter
+
+VOCAB = 48
+LAYERS = (1, 2)
+
+
+def _pair(arch="llama", dtype=torch.float64, num_layers=3):
+    verifier = tiny_model(arch, vocab_size=VOCAB, num_layers=num_layers, seed=0, dtype=dtype)
+    drafter = ConditionedDrafter.build(verifier, 1, LAYERS, mask_token_id=VOCAB - 1)
+    return verifier, drafter
+
+
+def _features(verifier, ids):
+    with torch.no_grad():
+        states = verifier(input_ids=ids, output_hidden_states=list(LAYERS)).hidden_states
+    return torch.cat([states[i] for i in LAYERS], dim=-1)
+
+
+def test_cached_rounds_equal_the_training_forward():
+    """Round by round through a growing prefix, the cached drafter's window logits equal
+    blocks_logits over the whole sequence at the same window starts."""
+    verifier, drafter = _pair()
+    gen = torch.Generator().manual_seed(0)
+    seq = torch.randint(0, VOCAB - 1, (1, 16), generator=gen)
+    feats = _features(verifier, seq)
+    drafter.reset()
+    drafter.observe(feats[0, :4])  # the prefill: all but the pending token of a 5-token prompt
+    ends = [5, 6, 9, 11, 14]
+    cached = []
+    for i, n in enumerate(ends):
+        with torch.no_grad():
+            cached.append(drafter._cached_logits(seq[:, :n], 4)[0])
+        if i + 1 < len(ends):
+            drafter.observe(feats[0, n - 1 : ends[i + 1] - 1])
+    with torch.no_grad():
+        blocks = drafter.blocks_logits(feats, seq, torch.tensor([ends]), 4)
+    for m, logits in enumerate(cached):
+        torch.testing.assert_close(logits, blocks[0, m], rtol=1e-9, atol=1e-9)
+
+
+def test_tree_verifier_hands_over_the_committed_tokens_features():
+    verifier, _ = _pair()
+    ids = torch.randint(0, VOCAB - 1, (1, 7), generator=torch.Generator().manual_seed(1))
+    state = TreeVerifier(verifier, ids, LAYERS)
+    torch.testing.assert_close(state.new_features, _features(verifier, ids[:, :-1])[0])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("lookup", [False, True])
+def test_greedy_decoding_is_identical_to_the_verifier(arch, lookup):
+    verifier, drafter = _pair(arch)
+    if lookup:
+        drafter = LookupAugmentedDrafter(drafter)
+    ids = torch.randint(0, VOCAB - 1, (1, 6), generator=torch.Generator().manual_seed(2))
+    ref = reference_greedy(verifier, ids, 24)
+    for num_drafts in (1, 3):
+        out = speculative_generate(
+            verifier, drafter, ids, max_new_tokens=24, gamma=4, num_drafts=num_drafts, temperature=0
+        )
+        assert torch.equal(out.sequences, ref)
+
+
+def test_a_one_token_prompt_and_a_second_sequence_reuse_the_drafter():
+    verifier, drafter = _pair()
+    for ids in (torch.tensor([[3]]), torch.tensor([[5, 9, 11]])):
+        out = speculative_generate(verifier, drafter, ids, max_new_tokens=10, gamma=3, temperature=0)
+        assert torch.equal(out.sequences, reference_greedy(verifier, ids, 10))
+
+
+def test_drafting_without_the_verifiers_features_is_a_clear_error():
+    _, drafter = _pair()
+    with pytest.raises(ValueError, match="speculative_generate"):
+        drafter.propose(torch.tensor([[1, 2, 3]]), 4)
+
+
+def test_save_and_reload(tmp_path):
+    verifier, drafter = _pair()
+    with torch.no_grad():
+        drafter.fusion.proj.weight.add_(0.5)
+    drafter.save(tmp_path / "d", settings={"gamma": 4})
+    again = ConditionedDrafter.from_slice(verifier, tmp_path / "d")
+    assert again.feature_layers == LAYERS and again.mask_token_id == VOCAB - 1
+    torch.testing.assert_close(again.fusion.proj.weight, drafter.fusion.proj.weight)
+    ids = torch.randint(0, VOCAB - 1, (1, 5), generator=torch.Generator().manual_seed(3))
+    a = speculative_generate(
+        verifier, drafter, ids, max_new_tokens=8, gamma=3, temperature=0, draft_temperature=0
+    )
+    b = speculative_generate(
+        verifier, again, ids, max_new_tokens=8, gamma=3, temperature=0, draft_temperature=0
+    )
+    assert [r.draft for r in a.stats.rounds] == [r.draft for r in b.stats.rounds]
+
+
+def test_a_plain_slice_loader_refuses_a_conditioned_slice(tmp_path):
+    from specdiff_lightning.models.slicing import load_slice
+
+    verifier, drafter = _pair()
+    drafter.save(tmp_path / "d")
+    with pytest.raises(ValueError, match="conditioned"):
+        load_slice(verifier, tmp_path / "d")
