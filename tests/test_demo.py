@@ -47,3 +47,21 @@ def test_demo_smoke_preset_end_to_end(tmp_path, monkeypatch):
     assert "lossless" in check_targets(report)
     # a rerun reuses every finished stage
     assert run_demo(preset="smoke", root=str(tmp_path / "demo")) == 0
+
+
+def test_smollm2_rows_name_shipped_drafters_and_unique_keys():
+    from specdiff_lightning.bench.methods import ROLES
+    from specdiff_lightning.demo.smollm2 import _DRAFTERS, SMOL_PRESETS, smollm2_methods
+
+    rows = smollm2_methods(SMOL_PRESETS["smollm2"])
+    keys = [r.key for r in rows]
+    assert len(keys) == len(set(keys))
+    names = {name for name, _ in _DRAFTERS}
+    for row in rows:
+        assert row.role in ROLES
+        if row.kind == "diffusion":
+            assert (row.drafter or "main") in names, row.key
+    # every float32 row of our loops is there to prove exactness: each has a bf16 twin that is timed
+    assert {k.removesuffix("_fp32") for k in keys if k.endswith("_fp32")} - {"hf_generate", "verifier"} <= {
+        k.removesuffix("_bf16") for k in keys
+    }

@@ -59,21 +59,34 @@ SMOL_PRESETS = {
 }
 
 
+#: (bench drafter name, folder under assets/smollm2)
+_DRAFTERS = (
+    ("main", "drafter"),  # the sliced drafter, streak-distilled
+    ("mdm", "drafter_mdm"),  # its masked-CE stage 1
+    ("ar", "ar_drafter"),  # the AR-distilled peer (SpS, HF assisted)
+    ("conditioned", "drafter_conditioned"),  # reads the verifier's hidden states
+)
+
+
 def load_smollm2_pair(dtype: str, assets: Path = ASSETS):
-    """``(verifier, drafters)`` in ``dtype``: drafters ``main`` (streak-distilled), ``mdm`` (stage 1)
-    and ``ar`` (AR-distilled), each built around the verifier's own embeddings."""
+    """``(verifier, drafters)`` in ``dtype``, drafters named as in :data:`_DRAFTERS`, each built
+    around the verifier's own embeddings."""
     import torch
 
     from ..models.autoregressive import AutoregressiveDrafter
+    from ..models.conditioned import CONDITIONED_KIND, ConditionedDrafter
     from ..models.diffusion import DiffusionDrafter
     from ..models.loading import load_verifier
-    from ..models.slicing import load_slice
+    from ..models.slicing import SLICE_FILE, load_slice
 
     verifier = load_verifier(VERIFIER, dtype=getattr(torch, dtype))
     drafters = {}
-    for name, folder in (("main", "drafter"), ("mdm", "drafter_mdm"), ("ar", "ar_drafter")):
+    for name, folder in _DRAFTERS:
         path = assets / folder
         if not path.exists():
+            continue
+        if json.loads((path / SLICE_FILE).read_text()).get("kind") == CONDITIONED_KIND:
+            drafters[name] = ConditionedDrafter.from_slice(verifier, path)
             continue
         model, info = load_slice(verifier, path)
         if info.get("kind") == "autoregressive":
@@ -114,12 +127,28 @@ _ROWS = (
         {"bfloat16": None, "float32": 1},
     ),
     (
+        "specdiff2_fc_k1_lookup",
+        "SpecDiff-2 conditioned (K=1 + lookup)",
+        "diffusion",
+        {"num_drafts": 1, "draft_temperature": 0.0},
+        {"drafter": "conditioned", "lookup": True},
+        {"bfloat16": None, "float32": 1},
+    ),
+    (
+        "specdiff2_fc_k1",
+        "SpecDiff-2 conditioned (K=1)",
+        "diffusion",
+        {"num_drafts": 1, "draft_temperature": 0.0},
+        {"drafter": "conditioned"},
+        {"bfloat16": None},
+    ),
+    (
         "specdiff2_k{k}_lookup",
         "SpecDiff-2 (K={k} + lookup)",
         "diffusion",
         {},
         {"lookup": True},
-        {"bfloat16": None},
+        {"bfloat16": 1},
     ),
     (
         "specdiff2_k1",
@@ -317,25 +346,36 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     fastest = "bfloat16" if "bfloat16" in models else next(iter(models))
     with torch.no_grad():
         report["drafter_cost"] = drafter_cost_curve(
-            models[fastest].verifier, models[fastest].drafters["main"], list(p.cost_contexts), gamma=p.gamma
+            models[fastest].verifier,
+            models[fastest].drafters[_cost_drafter(models[fastest])],
+            list(p.cost_contexts),
+            gamma=p.gamma,
         )
     report["drafter_cost_dtype"] = fastest
+    report["drafter_cost_drafter"] = _cost_drafter(models[fastest])
     text, results = check_targets(report, smollm2_targets(p.num_drafts))
     report["targets"] = results
     write_report(report, out)
     plot_drafter_cost(report["drafter_cost"], out / "drafter_cost.png")
     (out / "targets.md").write_text(text)
     with open(out / "bench.md", "a") as f:
-        f.write("\n" + _cost_table(report["drafter_cost"], fastest) + "\n" + text)
+        f.write(
+            "\n" + _cost_table(report["drafter_cost"], fastest, report["drafter_cost_drafter"]) + "\n" + text
+        )
     print((out / "bench.md").read_text())
     print(f"demo finished in {time.perf_counter() - start:.0f} s; outputs in {out}/")
     (out / "demo.json").write_text(json.dumps({"seconds": time.perf_counter() - start, "preset": preset}))
     return 0
 
 
-def _cost_table(curve: list[dict], dtype: str) -> str:
+def _cost_drafter(models) -> str:
+    """The drafter whose cost the targets read: the fastest design shipped (the conditioned one)."""
+    return "conditioned" if "conditioned" in models.drafters else "main"
+
+
+def _cost_table(curve: list[dict], dtype: str, drafter: str) -> str:
     lines = [
-        f"## Drafter cost against context ({dtype}, median ms)",
+        f"## Drafter cost against context (drafter {drafter!r}, {dtype}, median ms)",
         "",
         "| context | verifier step | drafter round (prefix cache) | share | drafter round (no cache) |",
         "|---:|---:|---:|---:|---:|",
