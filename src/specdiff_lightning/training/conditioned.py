@@ -35,6 +35,9 @@ class ConditionedDrafterTraining(L.LightningModule):
         objective: ``"masked_ce"`` or ``"streak"``.
         gamma, blocks: the window, and windows per sequence and step.
         mask_token_id: an id the verifier never emits (SmolLM2: 16, ``<empty_output>``).
+        targets: ``"corpus"``: the record's own tokens (the verifier's greedy continuations); or
+            ``"verifier"``: the verifier's teacher-forced argmax at every position (what it would
+            write next after the record's prefix), so any text (e.g. real code answers) can train it.
         cache_features: keep each sequence's features after its first epoch (bf16, in memory), so the
             verifier reads every sequence once.
         export_dir: write the trained drafter here when training ends.
@@ -56,6 +59,7 @@ class ConditionedDrafterTraining(L.LightningModule):
         weight_decay: float = 0.0,
         warmup_steps: int = 20,
         seed: int = 0,
+        targets: str = "corpus",
         cache_features: bool = True,
         export_dir: str | None = None,
         export_dtype: str = "bfloat16",
@@ -63,6 +67,8 @@ class ConditionedDrafterTraining(L.LightningModule):
         super().__init__()
         if objective not in _OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(_OBJECTIVES)}, got {objective!r}")
+        if targets not in ("corpus", "verifier"):
+            raise ValueError(f"targets must be 'corpus' or 'verifier', got {targets!r}")
         self.save_hyperparameters()
         frozen = load_verifier(verifier, dtype=torch.float32).requires_grad_(False)
         # Not a submodule: frozen, shared, never checkpointed (the drafter's embeddings are its tensors).
@@ -96,32 +102,40 @@ class ConditionedDrafterTraining(L.LightningModule):
         self.verifier.to(self.device)
 
     @torch.no_grad()
-    def verifier_features(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """``[B, L, F]``: the verifier's ``feature_layers`` hidden states of right-padded ``ids``."""
+    def verifier_features(
+        self, ids: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The verifier's reading of right-padded ``ids[B, L]``: ``features[B, L, F]`` (its
+        ``feature_layers`` hidden states) and ``greedy[B, L]``, its argmax next token after each
+        prefix, shifted so that ``greedy[b, t]`` predicts position t (``greedy[b, 0] = ids[b, 0]``)."""
         layers = self.drafter.feature_layers
         keys = [tuple(row[: int(n)].tolist()) for row, n in zip(ids, lengths, strict=True)]
         if self.hparams.cache_features and all(k in self._features for k in keys):
             rows = [self._features[k] for k in keys]
         else:
             attention = (torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]).long()
-            states = self.verifier(input_ids=ids, attention_mask=attention, output_hidden_states=list(layers))
-            full = torch.cat([states.hidden_states[i] for i in layers], dim=-1)
-            rows = [full[b, : int(n)] for b, n in enumerate(lengths)]
+            out = self.verifier(input_ids=ids, attention_mask=attention, output_hidden_states=list(layers))
+            full = torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+            greedy = torch.cat([ids[:, :1], out.logits[:, :-1].argmax(-1)], dim=1)
+            rows = [(full[b, : int(n)], greedy[b, : int(n)]) for b, n in enumerate(lengths)]
             if self.hparams.cache_features:
                 self._features.update(
-                    {k: r.to("cpu", torch.bfloat16) for k, r in zip(keys, rows, strict=True)}
+                    {k: (f.to("cpu", torch.bfloat16), g.cpu()) for k, (f, g) in zip(keys, rows, strict=True)}
                 )
-        out = torch.zeros(*ids.shape, rows[0].shape[-1], device=ids.device)
-        for b, row in enumerate(rows):
-            out[b, : row.shape[0]] = row.to(out)
-        return out
+        features = torch.zeros(*ids.shape, rows[0][0].shape[-1], device=ids.device)
+        greedy = ids.clone()
+        for b, (f, g) in enumerate(rows):
+            features[b, : f.shape[0]] = f.to(features)
+            greedy[b, : g.shape[0]] = g.to(greedy)
+        return features, greedy
 
     def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         hp = self.hparams
         ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
-        feats = self.verifier_features(ids, lengths)
+        feats, greedy = self.verifier_features(ids, lengths)
         starts = sample_block_starts(cont, lengths, hp.blocks, self._generator).to(ids.device)
-        targets = block_targets(ids, lengths, starts, hp.gamma)
+        labels = greedy if hp.targets == "verifier" else ids
+        targets = block_targets(labels, lengths, starts, hp.gamma)
         logits = self.drafter.blocks_logits(feats, ids, starts, hp.gamma)
         return _OBJECTIVES[hp.objective](logits.flatten(0, 1), targets.flatten(0, 1), hp.draft_temperature)
 
