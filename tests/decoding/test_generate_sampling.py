@@ -64,6 +64,19 @@ def test_speculative_sampling_is_exact(verifier, drafter, acceptance, num_drafts
     _assert_exact(counts, probs)
 
 
+@pytest.mark.parametrize("acceptance,num_drafts", [("standard", 1), ("recursive", 3)])
+def test_speculative_sampling_with_a_conditioned_drafter_is_exact(verifier, acceptance, num_drafts):
+    """A drafter fed the verifier's hidden states between rounds draws its drafts from q too."""
+    from specdiff_lightning.models.conditioned import ConditionedDrafter
+
+    drafter = ConditionedDrafter.build(verifier, 1, (0, 1), mask_token_id=VOCAB - 1)
+    probs = exact_sequence_probs(verifier, PROMPT, LENGTH)
+    counts = _speculative_counts(
+        verifier, drafter, acceptance=acceptance, num_drafts=num_drafts, draft_temperature=0.8
+    )
+    _assert_exact(counts, probs)
+
+
 def test_exact_under_temperature_and_top_p(verifier, drafter):
     """p is the verifier's distribution after its warpers, and that is what stays exact."""
     warp = dict(temperature=0.8, top_p=0.9)
