@@ -57,8 +57,12 @@ def logits_to_probs(
 
 
 def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one token per row: ``probs[N, V] -> LongTensor[N]``."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """Draw one token per row: ``probs[N, V] -> LongTensor[N]``.
+
+    Two i.i.d. draws, the first kept: ``torch.multinomial``'s one-sample path draws V exponentials
+    per row (0.8 ms a round at V = 49,152 on a CPU, measured: the bonus token of every round), while
+    two or more samples invert the CDF. The first of two i.i.d. samples is an exact sample."""
+    return torch.multinomial(probs, 2, replacement=True, generator=generator)[:, 0]
 
 
 def restrict_vocab(logits: torch.Tensor, size: int | None) -> torch.Tensor:
