@@ -61,6 +61,8 @@ def test_smollm2_rows_name_shipped_drafters_and_unique_keys():
         assert row.role in ROLES
         if row.kind == "diffusion":
             assert (row.drafter or "main") in names, row.key
+        if row.drafter == "conditioned":  # SpecDiff-2 itself, with its fastest drafter: the targets read it
+            assert row.role == "specdiff2", row.key
     # every float32 row of our loops is there to prove exactness: each has a bf16 twin that is timed
     assert {k.removesuffix("_fp32") for k in keys if k.endswith("_fp32")} - {"hf_generate", "verifier"} <= {
         k.removesuffix("_bf16") for k in keys

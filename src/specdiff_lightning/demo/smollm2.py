@@ -135,7 +135,7 @@ _ROWS = (
         "SpecDiff-2 conditioned (K=1 + lookup)",
         "diffusion",
         {"num_drafts": 1, "draft_temperature": 0.0, "gamma": "conditioned"},
-        {"drafter": "conditioned", "lookup": True},
+        {"drafter": "conditioned", "lookup": True, "role": "specdiff2"},
         {"bfloat16": None, "float32": 1},
     ),
     (
@@ -143,7 +143,7 @@ _ROWS = (
         "SpecDiff-2 conditioned (K=1)",
         "diffusion",
         {"num_drafts": 1, "draft_temperature": 0.0, "gamma": "conditioned"},
-        {"drafter": "conditioned"},
+        {"drafter": "conditioned", "role": "specdiff2"},
         {"bfloat16": 1},
     ),
     (

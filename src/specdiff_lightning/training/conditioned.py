@@ -8,21 +8,19 @@ window losses (``masked_ce``: cross-entropy at every slot; ``streak``: streak-di
 
 from __future__ import annotations
 
-import lightning as L
 import torch
 
 from ..models.conditioned import ConditionedDrafter
 from ..models.loading import load_verifier
 from .losses import masked_ce_loss, streak_loss
-from .pretraining import adamw_warmup_cosine
-from .slice_drafter import block_targets, sample_block_starts
+from .slice_drafter import SharedEmbeddingDrafterTraining, block_targets, sample_block_starts
 
 __all__ = ["ConditionedDrafterTraining"]
 
 _OBJECTIVES = {"masked_ce": masked_ce_loss, "streak": streak_loss}
 
 
-class ConditionedDrafterTraining(L.LightningModule):
+class ConditionedDrafterTraining(SharedEmbeddingDrafterTraining):
     """Train a :class:`ConditionedDrafter` against a frozen verifier.
 
     Args:
@@ -91,13 +89,6 @@ class ConditionedDrafterTraining(L.LightningModule):
         self._generator = torch.Generator().manual_seed(seed)
         self._features: dict[tuple[int, ...], torch.Tensor] = {}
 
-    # Only the drafter's own tensors are trained and checkpointed (embeddings/head are the verifier's).
-    def state_dict(self, *args, **kwargs):
-        state = super().state_dict(*args, **kwargs)
-        return {k: v for k, v in state.items() if "embed_tokens" not in k and "lm_head" not in k}
-
-    strict_loading = False
-
     def on_fit_start(self) -> None:
         self.verifier.to(self.device)
 
@@ -138,27 +129,6 @@ class ConditionedDrafterTraining(L.LightningModule):
         targets = block_targets(labels, lengths, starts, hp.gamma)
         logits = self.drafter.blocks_logits(feats, ids, starts, hp.gamma)
         return _OBJECTIVES[hp.objective](logits.flatten(0, 1), targets.flatten(0, 1), hp.draft_temperature)
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss, streak = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/streak", streak.float().mean(), prog_bar=True)
-        return loss
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        loss, streak = self._loss(batch)
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
-        self.log("val/streak", streak.float().mean(), prog_bar=True, sync_dist=True)
-
-    def configure_optimizers(self):
-        total = self.trainer.max_steps if self.trainer and self.trainer.max_steps > 0 else None
-        hp = self.hparams
-        return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.warmup_steps, total)
-
-    def on_train_end(self) -> None:
-        if self.hparams.export_dir and self.trainer.is_global_zero:
-            self.export(self.hparams.export_dir, getattr(torch, self.hparams.export_dtype))
-            print(f"conditioned drafter written to {self.hparams.export_dir}")
 
     def export(self, path: str, dtype: torch.dtype | None = torch.bfloat16) -> None:
         """Write the drafter (its layers, norm and fusion; the embeddings stay the verifier's)."""

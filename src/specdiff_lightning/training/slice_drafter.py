@@ -23,7 +23,13 @@ from ..models.slicing import load_slice, save_slice, slice_causal_lm
 from .losses import masked_ce_loss, streak_loss
 from .pretraining import adamw_warmup_cosine
 
-__all__ = ["SliceDrafterTraining", "OBJECTIVES", "sample_block_starts", "block_targets"]
+__all__ = [
+    "SharedEmbeddingDrafterTraining",
+    "SliceDrafterTraining",
+    "OBJECTIVES",
+    "sample_block_starts",
+    "block_targets",
+]
 
 OBJECTIVES = ("masked_ce", "streak", "ar")
 
@@ -48,7 +54,41 @@ def block_targets(
     return picked.masked_fill(~valid, IGNORE_INDEX)
 
 
-class SliceDrafterTraining(L.LightningModule):
+class SharedEmbeddingDrafterTraining(L.LightningModule):
+    """What every module training a drafter around a frozen verifier's embeddings shares: the
+    Lightning steps (a subclass gives ``_loss(batch) -> (loss, streak)`` and ``export(path, dtype)``),
+    checkpoints without the shared embeddings / tied head, the optimizer, the export at the end."""
+
+    # Only the drafter's own tensors are trained and checkpointed (embeddings/head are the verifier's).
+    def state_dict(self, *args, **kwargs):
+        state = super().state_dict(*args, **kwargs)
+        return {k: v for k, v in state.items() if "embed_tokens" not in k and "lm_head" not in k}
+
+    strict_loading = False
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, streak = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/streak", streak.float().mean(), prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, streak = self._loss(batch)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        self.log("val/streak", streak.float().mean(), prog_bar=True, sync_dist=True)
+
+    def configure_optimizers(self):
+        total = self.trainer.max_steps if self.trainer and self.trainer.max_steps > 0 else None
+        hp = self.hparams
+        return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.warmup_steps, total)
+
+    def on_train_end(self) -> None:
+        if self.hparams.export_dir and self.trainer.is_global_zero:
+            self.export(self.hparams.export_dir, getattr(torch, self.hparams.export_dtype))
+            print(f"drafter written to {self.hparams.export_dir}")
+
+
+class SliceDrafterTraining(SharedEmbeddingDrafterTraining):
     """Train an N-layer slice of ``verifier`` as a block-causal diffusion drafter or an AR drafter.
 
     Args:
@@ -94,13 +134,6 @@ class SliceDrafterTraining(L.LightningModule):
         self.drafter = DiffusionDrafter(model, mask_token_id, shift_logits, attention="block_causal")
         self._generator = torch.Generator().manual_seed(seed)
 
-    # Only the drafter's own tensors are trained and checkpointed (embeddings/head are the verifier's).
-    def state_dict(self, *args, **kwargs):
-        state = super().state_dict(*args, **kwargs)
-        return {k: v for k, v in state.items() if "embed_tokens" not in k and "lm_head" not in k}
-
-    strict_loading = False
-
     def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         hp = self.hparams
         ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
@@ -128,27 +161,6 @@ class SliceDrafterTraining(L.LightningModule):
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
         first = (logits.argmax(-1) == targets).float()[valid].mean()
         return loss, first.detach()[None]
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss, streak = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/streak", streak.float().mean(), prog_bar=True)
-        return loss
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        loss, streak = self._loss(batch)
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
-        self.log("val/streak", streak.float().mean(), prog_bar=True, sync_dist=True)
-
-    def configure_optimizers(self):
-        total = self.trainer.max_steps if self.trainer and self.trainer.max_steps > 0 else None
-        hp = self.hparams
-        return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.warmup_steps, total)
-
-    def on_train_end(self) -> None:
-        if self.hparams.export_dir and self.trainer.is_global_zero:
-            self.export(self.hparams.export_dir, getattr(torch, self.hparams.export_dtype))
-            print(f"drafter slice written to {self.hparams.export_dir}")
 
     def export(self, path: str, dtype: torch.dtype | None = torch.bfloat16) -> None:
         """Write the drafter slice (N layers + norm; embeddings stay the verifier's)."""
