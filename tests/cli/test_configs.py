@@ -46,10 +46,10 @@ def _shrink(config: dict) -> dict:
         init["verifier"] = f"tiny-{_arch(init.get('verifier', 'tiny-qwen2'))}"
         init["drafter"] = f"tiny-{_arch(init.get('drafter', 'tiny-qwen2') + init.get('verifier', ''))}"
         init["tokenizer"] = init["drafter_tokenizer"] = None
-    elif cls.endswith("SliceDrafterTraining"):  # a slice of a tiny verifier of the same class
+    elif cls.endswith(("SliceDrafterTraining", "ConditionedDrafterTraining")):  # cut from a tiny verifier
         init["verifier"] = "tiny-llama"
-        init.pop("init_from", None)
-        init.pop("export_dir", None)
+        for key in ("init_from", "init_layers_from", "export_dir"):
+            init.pop(key, None)
     else:  # pretraining modules: the shipped tokenizer, a new small model
         init["tokenizer"] = TOKENIZER
         init.pop("init_from", None)
