@@ -9,6 +9,7 @@ accepted tokens plus the mask block) and without it (the whole prefix every roun
 from __future__ import annotations
 
 import copy
+import functools
 import statistics
 
 import torch
@@ -47,6 +48,7 @@ def _drafter_round_ms(
         start = now(device)
         drafter.draft_logits(ids, gamma)
         times.append(now(device) - start)
+    drafter.reset()
     return 1000 * statistics.median(times)
 
 
@@ -78,6 +80,12 @@ def _conditioned_round_ms(
     return 1000 * statistics.median(times)
 
 
+def _with_prefix_cache(drafter: DiffusionDrafter, on: bool) -> DiffusionDrafter:
+    copied = copy.copy(drafter)
+    copied.prefix_cache = on
+    return copied
+
+
 def drafter_cost_curve(
     verifier,
     drafter: DiffusionDrafter | ConditionedDrafter,
@@ -92,12 +100,18 @@ def drafter_cost_curve(
     ``new_tokens``: tokens the cached drafter runs besides the mask block (a round's accepted tokens).
     Random token ids stand in for text: costs depend on lengths, not on which tokens.
     """
-    conditioned = isinstance(drafter, ConditionedDrafter)
-    if not conditioned:
-        cached = copy.copy(drafter)
-        cached.prefix_cache = True
-        uncached = copy.copy(drafter)
-        uncached.prefix_cache = False
+    if isinstance(drafter, ConditionedDrafter):
+        timers = {
+            f"drafter_{name}_ms": functools.partial(
+                _conditioned_round_ms, drafter, verifier, cached=use_cache
+            )
+            for name, use_cache in (("cached", True), ("uncached", False))
+        }
+    else:
+        timers = {
+            f"drafter_{name}_ms": functools.partial(_drafter_round_ms, _with_prefix_cache(drafter, use_cache))
+            for name, use_cache in (("cached", True), ("uncached", False))
+        }
     gen = torch.Generator().manual_seed(seed)
     vocab = int(verifier.config.vocab_size)
     device = next(verifier.parameters()).device
@@ -105,18 +119,8 @@ def drafter_cost_curve(
     for context in contexts:
         ids = torch.randint(100, vocab - 100, (1, context), generator=gen).to(device)
         row = {"context": context, "verifier_step_ms": _verifier_step_ms(verifier, ids, repeats)}
-        if conditioned:
-            for name, use_cache in (("drafter_cached_ms", True), ("drafter_uncached_ms", False)):
-                row[name] = _conditioned_round_ms(
-                    drafter, verifier, ids, gamma, new_tokens, repeats, use_cache
-                )
-        else:
-            row["drafter_cached_ms"] = _drafter_round_ms(cached, ids, gamma, new_tokens, repeats)
-            row["drafter_uncached_ms"] = _drafter_round_ms(uncached, ids, gamma, new_tokens, repeats)
+        row.update({name: timer(ids, gamma, new_tokens, repeats) for name, timer in timers.items()})
         rows.append(row)
-    if not conditioned:
-        for d in (cached, uncached):
-            d.reset()
     return rows
 
 

@@ -81,7 +81,7 @@ def load_smollm2_pair(dtype: str, assets: Path = ASSETS):
     from ..models.conditioned import CONDITIONED_KIND, ConditionedDrafter
     from ..models.diffusion import DiffusionDrafter
     from ..models.loading import load_verifier
-    from ..models.slicing import SLICE_FILE, load_slice
+    from ..models.slicing import load_slice, slice_info
 
     verifier = load_verifier(VERIFIER, dtype=getattr(torch, dtype))
     drafters = {}
@@ -89,7 +89,7 @@ def load_smollm2_pair(dtype: str, assets: Path = ASSETS):
         path = assets / folder
         if not path.exists():
             continue
-        if json.loads((path / SLICE_FILE).read_text()).get("kind") == CONDITIONED_KIND:
+        if slice_info(path).get("kind") == CONDITIONED_KIND:
             drafters[name] = ConditionedDrafter.from_slice(verifier, path)
             continue
         model, info = load_slice(verifier, path)
@@ -350,24 +350,23 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     )
     print("=== 4/4 drafter cost against context length ===", flush=True)
     fastest = "bfloat16" if "bfloat16" in models else next(iter(models))
+    cost_drafter = _cost_drafter(models[fastest])
     with torch.no_grad():
         report["drafter_cost"] = drafter_cost_curve(
             models[fastest].verifier,
-            models[fastest].drafters[_cost_drafter(models[fastest])],
+            models[fastest].drafters[cost_drafter],
             list(p.cost_contexts),
-            gamma=p.conditioned_gamma if _cost_drafter(models[fastest]) == "conditioned" else p.gamma,
+            gamma=p.conditioned_gamma if cost_drafter == "conditioned" else p.gamma,
         )
     report["drafter_cost_dtype"] = fastest
-    report["drafter_cost_drafter"] = _cost_drafter(models[fastest])
+    report["drafter_cost_drafter"] = cost_drafter
     text, results = check_targets(report, smollm2_targets(p.num_drafts))
     report["targets"] = results
     write_report(report, out)
     plot_drafter_cost(report["drafter_cost"], out / "drafter_cost.png")
     (out / "targets.md").write_text(text)
     with open(out / "bench.md", "a") as f:
-        f.write(
-            "\n" + _cost_table(report["drafter_cost"], fastest, report["drafter_cost_drafter"]) + "\n" + text
-        )
+        f.write("\n" + _cost_table(report["drafter_cost"], fastest, cost_drafter) + "\n" + text)
     print((out / "bench.md").read_text())
     print(f"demo finished in {time.perf_counter() - start:.0f} s; outputs in {out}/")
     (out / "demo.json").write_text(json.dumps({"seconds": time.perf_counter() - start, "preset": preset}))

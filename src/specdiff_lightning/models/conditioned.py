@@ -95,15 +95,9 @@ class ConditionedDrafter(Drafter):
     @classmethod
     def from_slice(cls, verifier: nn.Module, path: str | os.PathLike) -> ConditionedDrafter:
         """Load a drafter saved by :meth:`save` around ``verifier``'s embeddings (in its dtype)."""
-        import json
-        from pathlib import Path
+        from .slicing import load_slice, slice_info
 
-        from .slicing import SLICE_FILE, load_slice
-
-        info_file = Path(path) / SLICE_FILE
-        if not info_file.is_file():
-            raise FileNotFoundError(f"{path} is not a saved drafter slice (no {SLICE_FILE})")
-        info = json.loads(info_file.read_text())
+        info = slice_info(path)
         if info.get("kind") != CONDITIONED_KIND:
             raise ValueError(f"{path} holds a {info.get('kind')!r} drafter, not a {CONDITIONED_KIND!r} one")
         layers = tuple(info["feature_layers"])

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["slice_causal_lm", "save_slice", "load_slice", "SLICE_FILE"]
+__all__ = ["slice_causal_lm", "save_slice", "load_slice", "slice_info", "SLICE_FILE"]
 
 SLICE_FILE = "slice.json"
 _WEIGHTS = "slice.safetensors"
@@ -102,6 +102,14 @@ def save_slice(
     return out
 
 
+def slice_info(path: str | os.PathLike) -> dict:
+    """The ``slice.json`` of a slice saved by :func:`save_slice` (its depth, kind and settings)."""
+    directory = Path(path)
+    if not (directory / SLICE_FILE).is_file():
+        raise FileNotFoundError(f"{directory} is not a saved drafter slice (no {SLICE_FILE})")
+    return json.loads((directory / SLICE_FILE).read_text())
+
+
 def load_slice(
     verifier: nn.Module, path: str | os.PathLike, extra: nn.Module | None = None
 ) -> tuple[nn.Module, dict]:
@@ -111,9 +119,7 @@ def load_slice(
     from safetensors.torch import load_file
 
     directory = Path(path)
-    if not (directory / SLICE_FILE).is_file():
-        raise FileNotFoundError(f"{directory} is not a saved drafter slice (no {SLICE_FILE})")
-    info = json.loads((directory / SLICE_FILE).read_text())
+    info = slice_info(directory)
     model = slice_causal_lm(verifier, int(info["num_layers"]))
     state = load_file(directory / _WEIGHTS)
     extra_state = {k[len(_EXTRA) :]: state.pop(k) for k in list(state) if k.startswith(_EXTRA)}
