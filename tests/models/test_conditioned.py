@@ -109,3 +109,13 @@ def test_a_plain_slice_loader_refuses_a_conditioned_slice(tmp_path):
     drafter.save(tmp_path / "d")
     with pytest.raises(ValueError, match="conditioned"):
         load_slice(verifier, tmp_path / "d")
+
+
+def test_a_drafter_for_another_verifier_is_a_clear_error():
+    _, drafter = _pair(num_layers=3)
+    shallow = tiny_model("llama", vocab_size=VOCAB, num_layers=1, seed=0, dtype=torch.float64)
+    with pytest.raises(ValueError, match="hidden states"):
+        speculative_generate(shallow, drafter, torch.tensor([[1, 2, 3]]), max_new_tokens=4, gamma=3)
+    wide = tiny_model("llama", vocab_size=VOCAB, num_layers=3, hidden_size=64, seed=0, dtype=torch.float64)
+    with pytest.raises(ValueError, match="pair it with that verifier"):
+        speculative_generate(wide, drafter, torch.tensor([[1, 2, 3]]), max_new_tokens=4, gamma=3)

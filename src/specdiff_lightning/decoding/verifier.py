@@ -52,6 +52,13 @@ class TreeVerifier:
                 )
         self.forward_calls = 0
         self.feature_layers = None if feature_layers is None else tuple(int(i) for i in feature_layers)
+        if self.feature_layers is not None:
+            depth = int(getattr(model.config, "num_hidden_layers", 0))
+            if not all(0 <= i <= depth for i in self.feature_layers):
+                raise ValueError(
+                    f"the drafter reads the verifier's hidden states {self.feature_layers}, but this verifier "
+                    f"has {depth} layers (hidden states 0..{depth}); was the drafter trained for another verifier?"
+                )
         self._tree_features: torch.Tensor | None = None
         self.new_features: torch.Tensor | None = None
         self.pending = int(input_ids[0, -1])

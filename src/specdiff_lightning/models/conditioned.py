@@ -195,6 +195,12 @@ class ConditionedDrafter(Drafter):
                 f"inside speculative_generate (which feeds it the verifier's hidden states through observe()); "
                 f"call reset() before a new sequence."
             )
+        if new is not None and new.shape[-1] != self.fusion.proj.in_features:
+            raise ValueError(
+                f"the verifier's features are {new.shape[-1]} wide, but this drafter's fusion reads "
+                f"{self.fusion.proj.in_features} ({len(self.feature_layers)} layers of the verifier it was "
+                f"trained for); pair it with that verifier"
+            )
         if self._cache is None:
             self._cache = DynamicCache()
         dtype = next(self.model.parameters()).dtype

@@ -87,7 +87,7 @@ class ConditionedDrafterTraining(SharedEmbeddingDrafterTraining):
         self.fusion = drafter.fusion.train().requires_grad_(True)
         self.drafter = drafter
         self._generator = torch.Generator().manual_seed(seed)
-        self._features: dict[tuple[int, ...], torch.Tensor] = {}
+        self._features: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def on_fit_start(self) -> None:
         self.verifier.to(self.device)
