@@ -125,3 +125,24 @@ def test_rule_lookup():
     assert get_acceptance_rule(rule) is rule
     with pytest.raises(ValueError, match="unknown acceptance mode"):
         get_acceptance_rule("eagle")
+
+
+def test_greedy_selection_and_acceptance_stop_at_each_drafts_length():
+    """Padding past a short draft never counts: the longer draft wins while its own tokens match,
+    and a short draft accepted whole gets its bonus token from the row after its last token."""
+    vocab = 4
+    # rows: the trie root, then node rows after each (draft, position); one-hot, T = 0
+    drafts = torch.tensor([[1, 2, 3], [1, 0, 0]])
+    lengths = torch.tensor([3, 1])
+    p = torch.zeros(2, 4, vocab)
+    p[:, 0, 1] = 1  # both first tokens (1) match
+    p[0, 1, 2] = 1  # draft 0: 2 matches, then 0 != 3
+    p[0, 2, 0] = 1
+    p[1, 1, 0] = 1  # draft 1's "padding" 0 would match here if it were counted
+    p[1, 2, 0] = 1
+    rule = GreedyAcceptance()
+    assert rule.select(drafts, p, lengths) == 0
+    verdict = rule.verify(drafts, None, p, lengths=lengths)
+    assert (verdict.draft_index, verdict.num_accepted, verdict.next_token) == (0, 2, 0)
+    short = rule.verify(drafts[1:], None, p[1:], lengths=lengths[1:])
+    assert (short.num_accepted, short.next_token) == (1, 0)  # bonus from row 1, after its one token

@@ -139,3 +139,13 @@ def test_tree_probs_memory_is_the_trie_rows():
     lazy = tree_probs(torch.rand(tree.size, 1000), tree)
     assert lazy.node_probs.shape == (33, 1000) and lazy.shape == (8, 33, 1000)
     assert lazy.token_probs(drafts).shape == (8, 32)
+
+
+def test_build_tree_gives_padding_past_a_shorter_draft_no_node():
+    drafts = torch.tensor([[5, 6, 7], [5, 8, 0], [9, 0, 0]])
+    tree = build_tree(3, drafts, torch.tensor([3, 2, 1]))
+    assert tree.tokens.tolist() == [3, 5, 6, 7, 8, 9]
+    assert tree.parents.tolist() == [0, 0, 1, 2, 1, 0]
+    # past a draft's end its path repeats its last node
+    assert tree.paths.tolist() == [[1, 2, 3], [1, 4, 4], [5, 5, 5]]
+    assert tree.ancestors[4].nonzero().flatten().tolist() == [0, 1, 4]

@@ -119,3 +119,23 @@ def test_a_drafter_for_another_verifier_is_a_clear_error():
     wide = tiny_model("llama", vocab_size=VOCAB, num_layers=3, hidden_size=64, seed=0, dtype=torch.float64)
     with pytest.raises(ValueError, match="pair it with that verifier"):
         speculative_generate(wide, drafter, torch.tensor([[1, 2, 3]]), max_new_tokens=4, gamma=3)
+
+
+def test_a_head_over_the_first_ids_drafts_only_those_and_stays_lossless():
+    verifier, drafter = _pair()
+    small = ConditionedDrafter(drafter.model, drafter.fusion, LAYERS, drafter.mask_token_id, head_vocab=20)
+    ids = torch.randint(0, VOCAB - 1, (1, 6), generator=torch.Generator().manual_seed(4))
+    feats = _features(verifier, ids)
+    logits = {}
+    for name, d in (("full", drafter), ("small", small)):
+        d.reset()
+        d.observe(feats[0, :-1])
+        with torch.no_grad():
+            logits[name] = d._cached_logits(ids, 4)[0]
+    torch.testing.assert_close(logits["small"][:, :20], logits["full"][:, :20])
+    assert torch.isneginf(logits["small"][:, 20:]).all()
+    out = speculative_generate(verifier, small, ids, max_new_tokens=16, gamma=4, temperature=0)
+    assert torch.equal(out.sequences, reference_greedy(verifier, ids, 16))
+    assert all(t < 20 for r in out.stats.rounds for t in r.draft)
+    with pytest.raises(ValueError, match="head_vocab"):
+        ConditionedDrafter(drafter.model, drafter.fusion, LAYERS, drafter.mask_token_id, head_vocab=0)

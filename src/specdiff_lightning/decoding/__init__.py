@@ -13,8 +13,10 @@ from .acceptance import (
     expected_accepted_length,
     get_acceptance_rule,
 )
-from .drafting import Drafter, Proposal, sample_from_marginals
+from .adaptive import AdaptiveDrafter, confident_lengths
+from .drafting import Drafter, DrafterWrapper, Proposal, sample_from_marginals
 from .generate import speculative_generate, verifier_generate
+from .lookup import LookupAugmentedDrafter, lookup_continuations
 from .sampling import logits_to_probs, sample_tokens
 from .stats import DecodingStats, GenerationOutput, RoundStats
 from .tree import DraftTree, TreeProbs, build_tree, path_probs, tree_attention_allowed, tree_probs
@@ -24,11 +26,14 @@ from .verifier import TreeVerifier
 __all__ = [
     "ACCEPTANCE_RULES",
     "AcceptanceRule",
+    "AdaptiveDrafter",
     "DecodingStats",
     "DraftTree",
     "Drafter",
+    "DrafterWrapper",
     "GenerationOutput",
     "GreedyAcceptance",
+    "LookupAugmentedDrafter",
     "Proposal",
     "RecursiveAcceptance",
     "RoundStats",
@@ -41,9 +46,11 @@ __all__ = [
     "accept_standard",
     "build_tree",
     "check_tokenizers",
+    "confident_lengths",
     "expected_accepted_length",
     "get_acceptance_rule",
     "logits_to_probs",
+    "lookup_continuations",
     "path_probs",
     "sample_from_marginals",
     "sample_tokens",

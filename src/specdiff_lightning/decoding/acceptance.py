@@ -178,12 +178,15 @@ class AcceptanceRule(ABC):
 
     Subclass it, implement :meth:`verify`, and pass an instance as ``speculative_generate(...,
     acceptance=rule)``. Declare what exactness needs: ``max_drafts`` (None = any K) and whether the
-    rule reads ``q`` as the exact distribution the drafts were sampled from (``needs_exact_q``).
+    rule reads ``q`` as the exact distribution the drafts were sampled from (``needs_exact_q``), and
+    whether it verifies drafts of different lengths (``ragged``: ``verify`` then takes ``lengths``).
     """
 
     name: str = "custom"
     max_drafts: int | None = None
     needs_exact_q: bool = False
+    #: whether :meth:`verify` takes ``lengths=`` (drafts of different lengths in one round)
+    ragged: bool = False
 
     @abstractmethod
     def verify(
@@ -209,19 +212,28 @@ def _token_probs(p: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
 
 
 class GreedyAcceptance(AcceptanceRule):
-    """Self-selection (pick ``argmax_k tau_k``, Eq. 8) followed by q-free greedy acceptance."""
+    """Self-selection (pick ``argmax_k tau_k``, Eq. 8) followed by q-free greedy acceptance.
+
+    Drafts may differ in length (``lengths``): tau_k sums over draft k's own tokens, and the chosen
+    draft is verified as a draft of its own length (its bonus token comes after its last token)."""
 
     name = "greedy"
+    ragged = True
 
-    def select(self, drafts: torch.Tensor, p: torch.Tensor) -> int:
+    def select(self, drafts: torch.Tensor, p: torch.Tensor, lengths: torch.Tensor | None = None) -> int:
         """The draft with the largest expected accepted length (first on ties)."""
         if drafts.shape[0] == 1:
             return 0
-        return int(expected_accepted_length(_token_probs(p, drafts)).argmax())
+        token_probs = _token_probs(p, drafts)
+        if lengths is not None:
+            positions = torch.arange(drafts.shape[1], device=token_probs.device)
+            token_probs = torch.where(positions < lengths.to(token_probs.device)[:, None], token_probs, 0)
+        return int(expected_accepted_length(token_probs).argmax())
 
-    def verify(self, drafts, q, p, generator=None) -> Verdict:
-        k = self.select(drafts, p)
-        verdict = accept_greedy(drafts[k], p[k], generator)
+    def verify(self, drafts, q, p, generator=None, lengths=None) -> Verdict:
+        k = self.select(drafts, p, lengths)
+        size = drafts.shape[1] if lengths is None else int(lengths[k])
+        verdict = accept_greedy(drafts[k, :size], p[k][: size + 1], generator)
         return Verdict(verdict.num_accepted, verdict.next_token, k)
 
 

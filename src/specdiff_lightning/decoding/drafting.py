@@ -14,6 +14,7 @@ from .validation import check_tokenizers
 __all__ = [
     "Proposal",
     "Drafter",
+    "DrafterWrapper",
     "sample_from_marginals",
     "derived_generator",
     "model_device",
@@ -30,14 +31,32 @@ class Proposal:
         probs: ``FloatTensor[B, K, gamma, V]``: the distribution each token was drawn from.
         exact_q: True when ``probs`` are exactly those sampling distributions (in left-to-right
             order), which rules that read q (``standard``, ``recursive``) rely on for exactness.
+        lengths: ``LongTensor[B, K]``, each draft's length (``1 <= lengths <= gamma``; the tokens
+            after it are padding), or None when every draft fills the window. Drafts of different
+            lengths (a cut where the drafter is unsure, a short copy from the context) are chosen
+            with knowledge of the drafts, so they come with ``exact_q=False``.
+        logits: ``FloatTensor[B, gamma, V]``, the per-position marginal logits the drafts came from
+            (diffusion drafters), or None. Read by wrappers that shape the draft tree
+            (:class:`~specdiff_lightning.decoding.adaptive.AdaptiveDrafter`).
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor
     exact_q: bool = True
+    lengths: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
 
     def truncate(self, gamma: int) -> Proposal:
-        return Proposal(self.tokens[..., :gamma], self.probs[..., :gamma, :], self.exact_q)
+        lengths = None if self.lengths is None else self.lengths.clamp(max=gamma)
+        logits = None if self.logits is None else self.logits[..., :gamma, :]
+        return Proposal(self.tokens[..., :gamma], self.probs[..., :gamma, :], self.exact_q, lengths, logits)
+
+    def draft_lengths(self) -> torch.Tensor:
+        """``LongTensor[B, K]``: every draft's length (the window where :attr:`lengths` is None)."""
+        if self.lengths is not None:
+            return self.lengths
+        batch, k, gamma = self.tokens.shape
+        return torch.full((batch, k), gamma, dtype=torch.long, device=self.tokens.device)
 
     def to(self, device: torch.device | str) -> Proposal:
         """The same proposal on ``device`` (one copy of the tokens and one of the distributions).
@@ -52,7 +71,9 @@ class Proposal:
             probs = probs[:, :1].to(device).expand(probs.shape)
         else:
             probs = probs.to(device)
-        return Proposal(self.tokens.to(device), probs, self.exact_q)
+        lengths = None if self.lengths is None else self.lengths.to(device)
+        logits = None if self.logits is None else self.logits.to(device)
+        return Proposal(self.tokens.to(device), probs, self.exact_q, lengths, logits)
 
 
 def sample_from_marginals(
@@ -73,7 +94,7 @@ def sample_from_marginals(
     q = logits_to_probs(logits, temperature)
     if temperature == 0:  # q is one-hot: nothing to sample
         tokens = q.argmax(-1)[:, None].expand(batch, num_drafts, gamma)
-        return Proposal(tokens, q[:, None].expand(batch, num_drafts, gamma, vocab))
+        return Proposal(tokens, q[:, None].expand(batch, num_drafts, gamma, vocab), logits=logits)
     # torch.multinomial's one-sample path draws V exponentials per row (5.6 ms for 8 rows at
     # V = 49,152 on a CPU); with two or more samples it inverts the CDF (~1 ms). Each draw is an exact
     # i.i.d. sample, so for K = 1 draw two and keep the first.
@@ -82,7 +103,7 @@ def sample_from_marginals(
         :, :num_drafts
     ]
     tokens = tokens.reshape(batch, gamma, num_drafts).transpose(1, 2)
-    return Proposal(tokens, q[:, None].expand(batch, num_drafts, gamma, vocab))
+    return Proposal(tokens, q[:, None].expand(batch, num_drafts, gamma, vocab), logits=logits)
 
 
 def derived_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
@@ -164,6 +185,36 @@ class Drafter(ABC):
         """Take the verifier's features ``[n, F]`` (its ``feature_layers`` hidden states, concatenated)
         of the n tokens it committed since the last call, in order. Called by the decoding loop after
         the prefill and after every round, only when :attr:`feature_layers` is set."""
+
+
+class DrafterWrapper(Drafter):
+    """A drafter that reshapes another one's proposals (adds or cuts drafts); everything else
+    (vocabulary, device, per-sequence state, the verifier's features) is the base drafter's."""
+
+    def __init__(self, base: Drafter) -> None:
+        self.base = base
+        self.vocab_size = base.vocab_size
+
+    @property
+    def vocab_limit(self) -> int | None:
+        return self.base.vocab_limit
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.device
+
+    @property
+    def feature_layers(self) -> tuple[int, ...] | None:
+        return self.base.feature_layers
+
+    def restrict_vocab(self, size: int | None) -> None:
+        self.base.restrict_vocab(size)
+
+    def reset(self) -> None:
+        self.base.reset()
+
+    def observe(self, features: torch.Tensor) -> None:
+        self.base.observe(features)
 
 
 def share_vocabulary(verifier: nn.Module, drafter: Drafter, tokenizer, drafter_tokenizer=None) -> int:

@@ -103,10 +103,11 @@ class _Output:
 def _draft(
     drafter, rule, out: _Output, window, gamma, num_drafts, draft_temperature, generator, vocab, device
 ):
-    """The round's K drafts ``[K, window]`` and their q ``[K, window, V]`` (empty when window = 0)."""
+    """The round's K drafts ``[K, window]``, their q ``[K, window, V]`` and their lengths ``[K]``
+    (None: all ``window``); empty drafts when window = 0."""
     if window == 0:
         empty = torch.empty(1, 0, dtype=torch.long, device=device)
-        return empty, torch.empty(1, 0, vocab, device=device)
+        return empty, torch.empty(1, 0, vocab, device=device), None
     prefix = torch.tensor([out.context], dtype=torch.long, device=device)
     proposal = drafter.propose(prefix, gamma, num_drafts, draft_temperature, generator).truncate(window)
     if rule.needs_exact_q and not proposal.exact_q:
@@ -114,7 +115,17 @@ def _draft(
             f"acceptance={rule.name!r} needs drafts sampled from the q it is given, but this drafter's "
             f"proposal is not (e.g. multi-step denoising or added lookup drafts); use acceptance='greedy'"
         )
-    return proposal.tokens[0], proposal.probs[0]
+    tokens, q = proposal.tokens[0], proposal.probs[0]
+    lengths = None if proposal.lengths is None else proposal.lengths[0]
+    if lengths is not None and not rule.ragged:
+        if tokens.shape[0] > 1:
+            raise ValueError(
+                f"acceptance={rule.name!r} verifies drafts of one length, but this drafter proposes drafts "
+                f"of different lengths (adaptive cuts or lookup drafts); use acceptance='greedy'"
+            )
+        size = int(lengths[0])  # one draft: its own length is the window
+        tokens, q, lengths = tokens[:, :size], q[:, :size], None
+    return tokens, q, lengths
 
 
 def _feed(drafter: Drafter, state: TreeVerifier) -> None:
@@ -123,9 +134,11 @@ def _feed(drafter: Drafter, state: TreeVerifier) -> None:
         drafter.observe(state.new_features)
 
 
-def _verify(rule, drafts, q, p, window, generator) -> Verdict:
-    if window == 0:  # nothing drafted (the last token): plain sampling, no rule involved
+def _verify(rule, drafts, q, p, lengths, generator) -> Verdict:
+    if drafts.shape[1] == 0:  # nothing drafted (the last token): plain sampling, no rule involved
         return Verdict(0, int(sample_tokens(p[0, :1], generator)))
+    if lengths is not None:
+        return rule.verify(drafts, q, p, generator, lengths=lengths)
     return rule.verify(drafts, q, p, generator)
 
 
@@ -195,26 +208,29 @@ def speculative_generate(
             # Each round emits up to window + 1 tokens; never draft past max_new_tokens.
             window = min(gamma, out.room - 1)
             with prof.phase("draft"):
-                drafts, q = _draft(
+                drafts, q, lengths = _draft(
                     drafter, rule, out, window, gamma, num_drafts, draft_temperature, generator, vocab, device
                 )
                 stats.drafter_calls += window > 0
             with prof.phase("tree"):
-                tree = build_tree(state.pending, drafts)
+                tree = build_tree(state.pending, drafts, lengths)
             with prof.phase("verify"):
                 logits = restrict_vocab(state.score(tree), vocab)
             with prof.phase("accept"):
                 p = tree_probs(logits_to_probs(logits, temperature, top_k, top_p), tree)
-                verdict = _verify(rule, drafts, q, p, window, generator)
+                verdict = _verify(rule, drafts, q, p, lengths, generator)
             k, a = verdict.draft_index, verdict.num_accepted
+            drafted = drafts.shape[1] if lengths is None else int(lengths[k])
             with prof.phase("cache"):
                 root = torch.zeros(1, dtype=torch.long, device=device)
                 state.commit(tree, torch.cat([root, tree.paths[k, :a]]), verdict.next_token)
                 _feed(drafter, state)
-            draft = drafts[k].tolist()
+            draft = drafts[k, :drafted].tolist()
             emitted = draft[:a] + [verdict.next_token]
             stats.rounds.append(
-                RoundStats(window, a, a == window and window > 0, tree.size, k, tuple(draft), tuple(emitted))
+                RoundStats(
+                    drafted, a, a == drafted and drafted > 0, tree.size, k, tuple(draft), tuple(emitted)
+                )
             )
             out.emit(emitted)
     return out.finish(stats)

@@ -22,7 +22,8 @@ class DraftTree:
         tokens: ``LongTensor[n]`` node tokens; ``tokens[0]`` is the root.
         parents: ``LongTensor[n]`` parent index; the root is its own parent.
         depth: ``LongTensor[n]`` 0 for the root, j for the j-th draft token.
-        paths: ``LongTensor[K, g]`` node index of draft k's j-th token.
+        paths: ``LongTensor[K, g]`` node index of draft k's j-th token; past the end of a shorter
+            draft, its last node repeated.
         ancestors: ``BoolTensor[n, n]``; ``ancestors[i, j]`` iff node j is i or an ancestor of i.
     """
 
@@ -37,18 +38,22 @@ class DraftTree:
         return self.tokens.shape[0]
 
 
-def build_tree(root_token: int | torch.Tensor, drafts: torch.Tensor) -> DraftTree:
+def build_tree(
+    root_token: int | torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor | None = None
+) -> DraftTree:
     """Merge drafts sharing prefixes into a trie.
 
     Args:
         root_token: the last committed token (the pending verifier input).
         drafts: ``LongTensor[K, g]`` (g may be 0: a root-only tree, i.e. plain decoding).
+        lengths: ``LongTensor[K]`` each draft's length (``>= 1``; the tokens after it are padding and
+            get no node), or None: all ``g``.
     """
     device = drafts.device
     num_drafts, gamma = drafts.shape
     root = int(root_token)
     tokens, parents, depth = [root], [0], [0]
-    if num_drafts == 1:
+    if num_drafts == 1 and lengths is None:
         # A single chain needs no trie lookups.
         tokens += drafts[0].tolist()
         parents += list(range(gamma))
@@ -57,9 +62,10 @@ def build_tree(root_token: int | torch.Tensor, drafts: torch.Tensor) -> DraftTre
     else:
         index: dict[tuple[int, int], int] = {}
         paths = []
-        for row in drafts.tolist():
+        sizes = [gamma] * num_drafts if lengths is None else lengths.tolist()
+        for row, size in zip(drafts.tolist(), sizes, strict=True):
             node, path = 0, []
-            for j, tok in enumerate(row):
+            for j, tok in enumerate(row[:size]):
                 child = index.get((node, tok))
                 if child is None:
                     child = len(tokens)
@@ -69,7 +75,7 @@ def build_tree(root_token: int | torch.Tensor, drafts: torch.Tensor) -> DraftTre
                     depth.append(j + 1)
                 node = child
                 path.append(node)
-            paths.append(path)
+            paths.append(path + path[-1:] * (gamma - len(path)))
     tokens_t = torch.tensor(tokens, dtype=torch.long, device=device)
     parents_t = torch.tensor(parents, dtype=torch.long, device=device)
     depth_t = torch.tensor(depth, dtype=torch.long, device=device)
