@@ -58,7 +58,12 @@ class BenchMethod:
         role: one of :data:`ROLES`; None: from ``kind`` (``specdiff`` for K=1 ``standard``).
         key: a stable identifier (None: derived from name); target checks use role and key.
         dtype: run in this dtype's copy of the models (None: the run's first dtype).
-        lookup: add a prompt-lookup draft to the K diffusion drafts (greedy acceptance only).
+        lookup: add prompt-lookup drafts to the K diffusion drafts (greedy acceptance only): True,
+            or the options of :class:`~specdiff_lightning.decoding.LookupAugmentedDrafter`
+            (``num_lookups``, ``ngram_lengths``, ``max_ngram``).
+        adaptive: shape the diffusion drafts by the drafter's confidence (greedy acceptance only):
+            the options of :class:`~specdiff_lightning.decoding.AdaptiveDrafter` (``min_confidence``,
+            ``siblings``); None: drafts fill the window.
         repeats: timed decodes per prompt for this row (None: the run's); fewer for rows read for
             their acceptance or exactness rather than their speed.
     """
@@ -72,7 +77,8 @@ class BenchMethod:
     role: str | None = None
     key: str | None = None
     dtype: str | None = None
-    lookup: bool = False
+    lookup: bool | dict = False
+    adaptive: dict | None = None
     repeats: int | None = None
 
     def __post_init__(self) -> None:
@@ -152,12 +158,16 @@ def default_methods(cfg: DecodingConfig, with_ar: bool) -> list[BenchMethod]:
 
 def setting_methods(settings: list[dict]) -> list[BenchMethod]:
     """Explicit SpecDiff-2 rows, each a dict of :class:`DecodingConfig` overrides plus optional
-    ``lookup`` (add a prompt-lookup draft), ``key``, ``dtype`` and ``drafter``."""
+    ``lookup`` (add prompt-lookup drafts), ``adaptive`` (cut drafts by the drafter's confidence),
+    ``key``, ``dtype`` and ``drafter``."""
     rows = []
     for setting in settings:
         setting = {"acceptance": "greedy", **setting}
-        extra = {name: setting.pop(name) for name in ("lookup", "key", "dtype", "drafter") if name in setting}
+        names = ("lookup", "adaptive", "key", "dtype", "drafter")
+        extra = {name: setting.pop(name) for name in names if name in setting}
         label = ", ".join(f"{'K' if k == 'num_drafts' else k}={v}" for k, v in setting.items())
+        if extra.get("adaptive"):
+            label += ", adaptive"
         if extra.get("lookup"):
             label += ", +lookup"
         if extra.get("drafter") not in (None, "main"):

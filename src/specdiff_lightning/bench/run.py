@@ -248,6 +248,7 @@ def _row(m, dtype, cfg, prompts, samples, reference, profiler, passed) -> dict:
         "sweep": m.sweep,
         "drafter": m.drafter,
         "lookup": m.lookup,
+        "adaptive": m.adaptive,
         "settings": {**m.decoding, **({"steps": m.steps} if m.steps else {})},
         "num_drafts": cfg.num_drafts,
         "gamma": cfg.gamma,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from ..decoding.adaptive import AdaptiveDrafter
 from ..decoding.config import DecodingConfig
 from ..decoding.drafting import Drafter
 from ..decoding.generate import speculative_generate, verifier_generate
@@ -93,8 +94,12 @@ def _diffusion(models, method, cfg, ids, generator, profiler):
     drafter = models.drafter(method.drafter)
     if method.steps is not None:
         drafter = drafter.with_steps(method.steps)
+    if method.adaptive:
+        drafter = AdaptiveDrafter(drafter, **method.adaptive)
     if method.lookup:
-        drafter = LookupAugmentedDrafter(drafter)
+        drafter = LookupAugmentedDrafter(
+            drafter, **(method.lookup if isinstance(method.lookup, dict) else {})
+        )
     return _speculative(drafter, models, cfg, ids, generator, profiler)
 
 
