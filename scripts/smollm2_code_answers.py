@@ -15,9 +15,9 @@ import argparse
 import json
 from pathlib import Path
 
+from smollm2_corpus import prompts
 from transformers import AutoTokenizer
 
-from smollm2_corpus import prompts
 from specdiff_lightning.data.benchmarks import code_completion_prompt
 from specdiff_lightning.models.smollm2 import smollm2_dir
 

@@ -61,16 +61,14 @@ class AdaptiveDrafter(DrafterWrapper):
                 f"proposals carry none (use a diffusion drafter, or min_confidence=0 and no siblings)"
             )
         tokens = proposal.tokens  # [B, K, g]
-        log_marginals = torch.log_softmax(proposal.logits.float(), dim=-1)  # [B, g, V]
+        logits = torch.log_softmax(proposal.logits.float(), dim=-1)  # [B, g, V]: log q_j
         batch, k, g = tokens.shape
-        token_probs = (
-            log_marginals[:, None].expand(batch, k, g, -1).gather(-1, tokens[..., None])[..., 0].exp()
-        )
+        token_probs = logits[:, None].expand(batch, k, g, -1).gather(-1, tokens[..., None])[..., 0].exp()
         lengths = torch.minimum(confident_lengths(token_probs, self.min_confidence), proposal.draft_lengths())
         branches = [j for j in self.siblings if j < g]
         if branches:
             # the best token at each branch position other than the first draft's own
-            top2 = log_marginals[:, branches].topk(2, dim=-1).indices  # [B, S, 2]
+            top2 = logits[:, branches].topk(2, dim=-1).indices  # [B, S, 2]
             own = tokens[:, 0, branches]
             runner_up = torch.where(top2[..., 0] == own, top2[..., 1], top2[..., 0])
             extra = tokens[:, :1].expand(batch, len(branches), g).clone()
