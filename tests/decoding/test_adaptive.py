@@ -70,11 +70,19 @@ def test_adaptive_and_lookup_drafts_decode_identically_to_the_verifier(arch):
 
 
 class _RaggedOracle(NoisyOracleDrafter):
-    """The verifier's continuation with corruptions, each draft cut to a random length."""
+    """The verifier's continuation with corruptions, each draft cut to a random length (or to
+    ``lengths``, cycled)."""
+
+    def __init__(self, verifier, noise=0.25, lengths=None):
+        super().__init__(verifier, noise)
+        self.lengths = lengths
 
     def propose(self, input_ids, gamma, num_drafts=1, temperature=1.0, generator=None):
         proposal = super().propose(input_ids, gamma, num_drafts, temperature, generator)
-        lengths = torch.randint(1, gamma + 1, (1, num_drafts), generator=self.rng)
+        if self.lengths is None:
+            lengths = torch.randint(1, gamma + 1, (1, num_drafts), generator=self.rng)
+        else:
+            lengths = torch.tensor([[self.lengths[i % len(self.lengths)] for i in range(num_drafts)]])
         return Proposal(proposal.tokens, proposal.probs, False, lengths)
 
 
@@ -130,7 +138,7 @@ def test_a_rule_for_one_length_refuses_drafts_of_several():
     with pytest.raises(ValueError, match="different lengths"):
         speculative_generate(
             verifier,
-            _RaggedOracle(verifier),
+            _RaggedOracle(verifier, lengths=[1, 2]),
             torch.tensor([[1, 2]]),
             max_new_tokens=4,
             gamma=3,

@@ -139,3 +139,31 @@ def test_a_head_over_the_first_ids_drafts_only_those_and_stays_lossless():
     assert all(t < 20 for r in out.stats.rounds for t in r.draft)
     with pytest.raises(ValueError, match="head_vocab"):
         ConditionedDrafter(drafter.model, drafter.fusion, LAYERS, drafter.mask_token_id, head_vocab=0)
+
+
+def test_drafts_stop_at_the_trained_block_when_gamma_is_larger():
+    """A block of 3 in a window of 5: drafts of 3 (lengths), lookup copies may run to 5; greedy
+    and standard acceptance both stay identical to the verifier."""
+    verifier, drafter = _pair()
+    capped = ConditionedDrafter(drafter.model, drafter.fusion, LAYERS, drafter.mask_token_id, block=3)
+    ids = torch.tensor([[4, 9, 4, 9, 4, 9, 4]])
+    ref = reference_greedy(verifier, ids, 20)
+    for d, acceptance in ((capped, "standard"), (LookupAugmentedDrafter(capped), "greedy")):
+        out = speculative_generate(
+            verifier,
+            d,
+            ids,
+            max_new_tokens=20,
+            gamma=5,
+            temperature=0,
+            acceptance=acceptance,
+            eos_token_id=[],
+        )
+        assert torch.equal(out.sequences, ref)
+        assert all(r.drafted <= (5 if d is not capped else 3) for r in out.stats.rounds)
+    capped.reset()
+    capped.observe(_features(verifier, ids)[0, :-1])
+    proposal = capped.propose(ids, 5)
+    assert proposal.tokens.shape == (1, 1, 5) and proposal.lengths.tolist() == [[3]]
+    with pytest.raises(ValueError, match="block"):
+        ConditionedDrafter(drafter.model, drafter.fusion, LAYERS, drafter.mask_token_id, block=0)

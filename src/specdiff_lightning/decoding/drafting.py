@@ -51,6 +51,23 @@ class Proposal:
         logits = None if self.logits is None else self.logits[..., :gamma, :]
         return Proposal(self.tokens[..., :gamma], self.probs[..., :gamma, :], self.exact_q, lengths, logits)
 
+    def pad_to(self, gamma: int) -> Proposal:
+        """The same drafts in a window of ``gamma`` (``>=`` the current one): the new positions are
+        padding (token 0, q and logits 0), and :attr:`lengths` says where each draft ends."""
+        batch, k, width = self.tokens.shape
+        extra = gamma - width
+        if extra <= 0:
+            return self
+        lengths = self.draft_lengths()
+        tokens = torch.nn.functional.pad(self.tokens, (0, extra))
+        probs = self.probs
+        if k > 1 and probs.stride(1) == 0:  # one q shared by the K drafts: pad it once
+            probs = torch.nn.functional.pad(probs[:, :1], (0, 0, 0, extra)).expand(batch, k, gamma, -1)
+        else:
+            probs = torch.nn.functional.pad(probs, (0, 0, 0, extra))
+        logits = None if self.logits is None else torch.nn.functional.pad(self.logits, (0, 0, 0, extra))
+        return Proposal(tokens, probs, self.exact_q, lengths, logits)
+
     def draft_lengths(self) -> torch.Tensor:
         """``LongTensor[B, K]``: every draft's length (the window where :attr:`lengths` is None)."""
         if self.lengths is not None:

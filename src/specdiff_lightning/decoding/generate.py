@@ -117,14 +117,14 @@ def _draft(
         )
     tokens, q = proposal.tokens[0], proposal.probs[0]
     lengths = None if proposal.lengths is None else proposal.lengths[0]
-    if lengths is not None and not rule.ragged:
-        if tokens.shape[0] > 1:
-            raise ValueError(
-                f"acceptance={rule.name!r} verifies drafts of one length, but this drafter proposes drafts "
-                f"of different lengths (adaptive cuts or lookup drafts); use acceptance='greedy'"
-            )
-        size = int(lengths[0])  # one draft: its own length is the window
+    if lengths is not None and bool((lengths == lengths[0]).all()):
+        size = int(lengths[0])  # drafts of one length (e.g. a drafter's block shorter than gamma)
         tokens, q, lengths = tokens[:, :size], q[:, :size], None
+    if lengths is not None and not rule.ragged:
+        raise ValueError(
+            f"acceptance={rule.name!r} verifies drafts of one length, but this drafter proposes drafts "
+            f"of different lengths (adaptive cuts or lookup drafts); use acceptance='greedy'"
+        )
     return tokens, q, lengths
 
 

@@ -65,6 +65,10 @@ class ConditionedDrafter(Drafter):
             of SmolLM2's 49,152 ids (2.9 -> 0.3 ms a round on 2 CPU cores). Drafts stay drafts:
             acceptance, not exactness, depends on it. None: the whole vocabulary. Training forwards
             always use the whole head.
+        block: the most tokens it drafts a round: the block it was trained with (its marginals
+            change with the block's size, and were measured worse beyond it). When a round's gamma is
+            larger, its drafts stop at ``block`` (the proposal's ``lengths``), while other draft
+            sources in the same tree (context copies) may run to gamma. None: gamma.
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class ConditionedDrafter(Drafter):
         feature_layers: tuple[int, ...],
         mask_token_id: int,
         head_vocab: int | None = None,
+        block: int | None = None,
     ) -> None:
         self.model = model
         self.fusion = fusion
@@ -93,6 +98,9 @@ class ConditionedDrafter(Drafter):
         if head_vocab is not None and not 1 <= int(head_vocab) <= self.vocab_size:
             raise ValueError(f"head_vocab={head_vocab} must lie in [1, {self.vocab_size}] (the vocabulary)")
         self.head_vocab = None if head_vocab is None else int(head_vocab)
+        if block is not None and int(block) < 1:
+            raise ValueError(f"block={block} must be >= 1 (the most tokens drafted a round)")
+        self.block = None if block is None else int(block)
         self.reset()
 
     # ------------------------------------------------------------------ loading / saving
@@ -108,9 +116,14 @@ class ConditionedDrafter(Drafter):
 
     @classmethod
     def from_slice(
-        cls, verifier: nn.Module, path: str | os.PathLike, head_vocab: int | None = None
+        cls,
+        verifier: nn.Module,
+        path: str | os.PathLike,
+        head_vocab: int | None = None,
+        block: int | None = None,
     ) -> ConditionedDrafter:
-        """Load a drafter saved by :meth:`save` around ``verifier``'s embeddings (in its dtype)."""
+        """Load a drafter saved by :meth:`save` around ``verifier``'s embeddings (in its dtype);
+        ``block`` defaults to the gamma it was trained with (``slice.json``)."""
         from .slicing import load_slice, slice_info
 
         info = slice_info(path)
@@ -121,7 +134,8 @@ class ConditionedDrafter(Drafter):
             len(layers) * int(verifier.config.hidden_size), int(verifier.config.hidden_size)
         )
         model, info = load_slice(verifier, path, extra=fusion)
-        return cls(model, fusion.eval(), layers, int(info["mask_token_id"]), head_vocab)
+        block = block if block is not None else info.get("gamma")
+        return cls(model, fusion.eval(), layers, int(info["mask_token_id"]), head_vocab, block)
 
     def save(
         self, path: str | os.PathLike, settings: dict | None = None, dtype: torch.dtype | None = None
@@ -262,11 +276,12 @@ class ConditionedDrafter(Drafter):
             raise ValueError("the conditioned drafter drafts one sequence at a time (batch size 1)")
         home = input_ids.device
         input_ids = input_ids.to(self.device)
-        logits = self._restrict_logits(self._cached_logits(input_ids, gamma))
+        window = gamma if self.block is None else min(gamma, self.block)
+        logits = self._restrict_logits(self._cached_logits(input_ids, window))
         proposal = sample_from_marginals(
             logits, num_drafts, temperature, derived_generator(generator, self.device)
         )
-        return proposal.to(home)
+        return proposal.pad_to(gamma).to(home)
 
     def __repr__(self) -> str:
         return (
