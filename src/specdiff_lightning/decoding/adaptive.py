@@ -78,5 +78,4 @@ class AdaptiveDrafter(DrafterWrapper):
             keep = (torch.tensor(branches, device=tokens.device) < lengths[:, :1]).all(0)
             tokens = torch.cat([tokens, extra[:, keep]], dim=1)
             lengths = torch.cat([lengths, extra_lengths[:, keep]], dim=1)
-        probs = proposal.probs[:, :1].expand(batch, tokens.shape[1], g, proposal.probs.shape[-1])
-        return Proposal(tokens, probs, False, lengths, proposal.logits)
+        return proposal.reshaped(tokens, lengths)

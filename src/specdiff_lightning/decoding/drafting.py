@@ -68,6 +68,14 @@ class Proposal:
         logits = None if self.logits is None else torch.nn.functional.pad(self.logits, (0, 0, 0, extra))
         return Proposal(tokens, probs, self.exact_q, lengths, logits)
 
+    def reshaped(self, tokens: torch.Tensor, lengths: torch.Tensor) -> Proposal:
+        """Other drafts ``tokens[B, K', gamma]`` of ``lengths[B, K']`` in this window, chosen with
+        knowledge of the drafts (cut, added): ``exact_q=False``, so only q-free acceptance reads them,
+        and their q is nominal (the first draft's, a view: no copy)."""
+        batch, k, gamma = tokens.shape
+        probs = self.probs[:, :1].expand(batch, k, gamma, self.probs.shape[-1])
+        return Proposal(tokens, probs, False, lengths, self.logits)
+
     def draft_lengths(self) -> torch.Tensor:
         """``LongTensor[B, K]``: every draft's length (the window where :attr:`lengths` is None)."""
         if self.lengths is not None:

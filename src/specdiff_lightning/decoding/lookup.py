@@ -100,7 +100,4 @@ class LookupAugmentedDrafter(DrafterWrapper):
             [proposal.draft_lengths(), torch.tensor([[len(run) for run in runs]], device=tokens.device)],
             dim=1,
         )
-        batch, k, g, vocab = proposal.probs.shape
-        # q of the extra rows is nominal (greedy acceptance never reads it): a view, no copy.
-        probs = proposal.probs[:, :1].expand(batch, k + len(runs), g, vocab)
-        return Proposal(torch.cat([tokens, extra], dim=1), probs, False, lengths, proposal.logits)
+        return proposal.reshaped(torch.cat([tokens, extra], dim=1), lengths)
