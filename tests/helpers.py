@@ -110,3 +110,22 @@ def random_sequence_corpus(path, n=24, seed=0):
                 + "\n"
             )
     return path
+
+
+def fit_briefly(module, corpus, tmp_path, max_steps: int) -> None:
+    """A few quiet training steps of a drafter-training module on a sequence corpus (no logger, no
+    checkpoints, one validation batch), everything written under ``tmp_path``."""
+    import lightning as L
+
+    from specdiff_lightning.data.sequences import SequenceDataModule
+
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        limit_val_batches=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, SequenceDataModule(str(corpus), batch_size=4, max_length=32))

@@ -1,12 +1,10 @@
 """Training the feature-conditioned drafter: it learns, exports, reloads and decodes losslessly."""
 
-import lightning as L
 import pytest
 import torch
 
-from helpers import random_sequence_corpus, reference_greedy
+from helpers import fit_briefly, random_sequence_corpus, reference_greedy
 from specdiff_lightning import speculative_generate
-from specdiff_lightning.data.sequences import SequenceDataModule
 from specdiff_lightning.models.conditioned import ConditionedDrafter
 from specdiff_lightning.models.loading import load_verifier
 from specdiff_lightning.training.conditioned import ConditionedDrafterTraining
@@ -27,16 +25,7 @@ def test_fit_export_reload_and_decode_losslessly(tmp_path, targets):
         export_dir=str(export),
     )
     before = module.fusion.proj.weight.clone()
-    trainer = L.Trainer(
-        max_steps=4,
-        logger=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-        limit_val_batches=1,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(module, SequenceDataModule(str(corpus), batch_size=4, max_length=32))
+    fit_briefly(module, corpus, tmp_path, max_steps=4)
     assert not torch.equal(before, module.fusion.proj.weight)  # it trained
     assert module._features  # the verifier read each sequence once; later epochs reuse its features
     state = " ".join(module.state_dict())

@@ -1,11 +1,10 @@
 """Training drafters sliced from the verifier: block-diffusion adaptation, streak-distillation, AR."""
 
-import lightning as L
 import pytest
 import torch
 
+from helpers import fit_briefly, reference_greedy
 from helpers import random_sequence_corpus as _corpus
-from helpers import reference_greedy
 from specdiff_lightning import DiffusionDrafter, speculative_generate
 from specdiff_lightning.constants import IGNORE_INDEX
 from specdiff_lightning.data.sequences import SequenceDataModule
@@ -43,16 +42,7 @@ def test_fit_export_reload_and_decode_losslessly(tmp_path, objective):
         export_dir=str(export),
     )
     before = {k: v.clone() for k, v in module.drafter_model.model.layers.state_dict().items()}
-    trainer = L.Trainer(
-        max_steps=3,
-        logger=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-        limit_val_batches=1,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(module, SequenceDataModule(str(corpus), batch_size=4, max_length=32))
+    fit_briefly(module, corpus, tmp_path, max_steps=3)
     after = module.drafter_model.model.layers.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
     assert "embed_tokens" not in " ".join(module.state_dict())  # the verifier's tensors are not checkpointed
