@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from ..decoding.attention import GROUPED_SDPA
 from .diffusion import DiffusionDrafter
 from .smollm2 import SMOLLM2_SPEC, smollm2_dir
 from .tiny import tiny_model
@@ -32,8 +33,9 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
     return resolved
 
 
-def _tiny(spec: str, tiny: dict | None, dtype) -> PreTrainedModel:
+def _tiny(spec: str, tiny: dict | None, dtype, attn_implementation: str) -> PreTrainedModel:
     kwargs = dict(tiny or {})
+    kwargs.setdefault("attn_implementation", attn_implementation)
     if isinstance(dtype, torch.dtype):
         kwargs.setdefault("dtype", dtype)
     return tiny_model(spec[len(TINY_PREFIX) :], **kwargs)
@@ -43,7 +45,7 @@ def load_verifier(
     spec: str,
     *,
     dtype: str | torch.dtype | None = "auto",
-    attn_implementation: str = "sdpa",
+    attn_implementation: str = GROUPED_SDPA,
     tiny: dict | None = None,
     **model_kwargs,
 ) -> PreTrainedModel:
@@ -52,12 +54,15 @@ def load_verifier(
     Args:
         spec: directory or hub id for ``AutoModelForCausalLM.from_pretrained``, a name in
             :data:`NAMED_VERIFIERS` (``"smollm2-135m-instruct"``), or ``"tiny-qwen2"`` / ``"tiny-llama"``.
+        attn_implementation: ``"sdpa_grouped"`` (default: SDPA that reads each cached key once for
+            the few masked queries of a draft tree, :mod:`specdiff_lightning.decoding.attention`),
+            ``"sdpa"`` or ``"eager"``.
         tiny: sizes for a tiny preset (``vocab_size``, ``hidden_size``, ``num_layers``, ``seed``...).
         model_kwargs: passed to ``from_pretrained`` (``device_map``, ``revision``...).
     """
     dtype = resolve_dtype(dtype)
     if spec.startswith(TINY_PREFIX):
-        model = _tiny(spec, tiny, dtype)
+        model = _tiny(spec, tiny, dtype, attn_implementation)
     else:
         if spec in NAMED_VERIFIERS:
             spec = str(NAMED_VERIFIERS[spec]())
@@ -85,7 +90,7 @@ def load_drafter(
     or a tiny preset (mask id defaults to the last vocabulary id, logits shifted)."""
     dtype = resolve_dtype(dtype)
     if spec.startswith(TINY_PREFIX):
-        model = _tiny(spec, tiny, dtype)
+        model = _tiny(spec, tiny, dtype, model_kwargs.get("attn_implementation", "sdpa"))
         return DiffusionDrafter(
             model,
             mask_token_id=model.config.vocab_size - 1 if mask_token_id is None else mask_token_id,
