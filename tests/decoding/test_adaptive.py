@@ -45,11 +45,25 @@ def test_adaptive_proposals_cut_drafts_and_add_runner_up_branches():
         assert int(row[j]) == int(marginals[j].topk(2).indices[1])
 
 
+def test_mode_first_makes_the_first_sampled_draft_the_marginals_mode():
+    verifier, _ = make_pair("llama", "qwen2", seed=4)
+    base = _diffusion_drafter(verifier)
+    drafter = AdaptiveDrafter(base, mode_first=True)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    gen = lambda: torch.Generator().manual_seed(11)  # noqa: E731
+    sampled = base.propose(ids, 5, 4, 1.5, gen())
+    shaped = drafter.propose(ids, 5, 4, 1.5, gen())
+    assert not shaped.exact_q  # the mode is no sample: only q-free acceptance may verify it
+    assert torch.equal(shaped.tokens[0, 0], sampled.logits[0].argmax(-1))
+    assert torch.equal(shaped.tokens[0, 1:], sampled.tokens[0, 1:])
+    assert shaped.draft_lengths().tolist() == [[5, 5, 5, 5]]
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_adaptive_and_lookup_drafts_decode_identically_to_the_verifier(arch):
     verifier, _ = make_pair(arch, "llama", seed=5)
     drafter = LookupAugmentedDrafter(
-        AdaptiveDrafter(_diffusion_drafter(verifier), min_confidence=0.05, siblings=(0,)),
+        AdaptiveDrafter(_diffusion_drafter(verifier), min_confidence=0.05, siblings=(0,), mode_first=True),
         num_lookups=2,
         ngram_lengths={1: 2, 2: 3},
     )

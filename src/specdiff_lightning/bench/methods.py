@@ -63,7 +63,7 @@ class BenchMethod:
             (``num_lookups``, ``ngram_lengths``, ``max_ngram``).
         adaptive: shape the diffusion drafts by the drafter's confidence (greedy acceptance only):
             the options of :class:`~specdiff_lightning.decoding.AdaptiveDrafter` (``min_confidence``,
-            ``siblings``); None: drafts fill the window.
+            ``siblings``, ``mode_first``); None: the drafter's own drafts.
         repeats: timed decodes per prompt for this row (None: the run's); fewer for rows read for
             their acceptance or exactness rather than their speed.
     """

@@ -40,9 +40,19 @@ class AdaptiveDrafter(DrafterWrapper):
         siblings: draft positions (0: the first token) where the marginal's best token other than the
             first draft's joins as a branch after the first draft's prefix, when the (cut) draft
             reaches that position.
+        mode_first: the first of K sampled drafts becomes the marginals' mode (each position's most
+            likely token); the other K-1 stay samples. At temperature 0 self-selection then picks
+            among the mode and K-1 alternatives, so K drafts never accept fewer tokens than the one
+            mode draft of K=1 (i.i.d. samples at a draft temperature > 0 can all miss it).
     """
 
-    def __init__(self, base, min_confidence: float = 0.0, siblings: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        base,
+        min_confidence: float = 0.0,
+        siblings: tuple[int, ...] = (),
+        mode_first: bool = False,
+    ) -> None:
         super().__init__(base)
         if not 0.0 <= min_confidence <= 1.0:
             raise ValueError(f"min_confidence must lie in [0, 1], got {min_confidence}")
@@ -50,19 +60,24 @@ class AdaptiveDrafter(DrafterWrapper):
             raise ValueError(f"sibling positions must be >= 0 (0 is the first draft token), got {siblings}")
         self.min_confidence = float(min_confidence)
         self.siblings = tuple(sorted({int(j) for j in siblings}))
+        self.mode_first = bool(mode_first)
 
     def propose(self, input_ids, gamma, num_drafts=1, temperature=1.0, generator=None) -> Proposal:
         proposal = self.base.propose(input_ids, gamma, num_drafts, temperature, generator)
-        if self.min_confidence == 0 and not self.siblings:
+        if self.min_confidence == 0 and not self.siblings and not self.mode_first:
             return proposal
         if proposal.logits is None:
             raise ValueError(
                 f"AdaptiveDrafter shapes drafts by the drafter's marginals, but {type(self.base).__name__} "
-                f"proposals carry none (use a diffusion drafter, or min_confidence=0 and no siblings)"
+                f"proposals carry none (use a diffusion drafter, or min_confidence=0, no siblings and "
+                f"mode_first=False)"
             )
         tokens = proposal.tokens  # [B, K, g]
         logits = torch.log_softmax(proposal.logits.float(), dim=-1)  # [B, g, V]: log q_j
         batch, k, g = tokens.shape
+        if self.mode_first:
+            # (padding past a capped window has zero logits: its argmax is the padding token 0)
+            tokens = torch.cat([logits.argmax(-1)[:, None], tokens[:, 1:]], dim=1)
         token_probs = logits[:, None].expand(batch, k, g, -1).gather(-1, tokens[..., None])[..., 0].exp()
         lengths = torch.minimum(confident_lengths(token_probs, self.min_confidence), proposal.draft_lengths())
         branches = [j for j in self.siblings if j < g]
