@@ -45,6 +45,22 @@ def test_adaptive_proposals_cut_drafts_and_add_runner_up_branches():
         assert int(row[j]) == int(marginals[j].topk(2).indices[1])
 
 
+def test_branch_width_adds_the_next_best_first_tokens():
+    verifier, _ = make_pair("qwen2", "llama", seed=9)
+    base = _diffusion_drafter(verifier)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    plain = base.propose(ids, 5, 1, 0.0)
+    shaped = AdaptiveDrafter(base, siblings=(0, 2), branch_width=3).propose(ids, 5, 1, 0.0)
+    ranked = plain.logits[0].float().topk(4, dim=-1).indices  # the mode, then the runner-ups
+    assert torch.equal(shaped.tokens[0, 0], plain.tokens[0, 0])
+    assert shaped.lengths[0].tolist() == [5, 1, 1, 1, 3, 3, 3]
+    assert shaped.tokens[0, 1:4, 0].tolist() == ranked[0, 1:].tolist()
+    for row, token in zip(shaped.tokens[0, 4:], ranked[2, 1:], strict=True):
+        assert torch.equal(row[:2], plain.tokens[0, 0, :2]) and int(row[2]) == int(token)
+    with pytest.raises(ValueError, match="branch_width"):
+        AdaptiveDrafter(base, siblings=(0,), branch_width=0)
+
+
 def test_mode_first_makes_the_first_sampled_draft_the_marginals_mode():
     verifier, _ = make_pair("llama", "qwen2", seed=4)
     base = _diffusion_drafter(verifier)

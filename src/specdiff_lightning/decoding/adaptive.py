@@ -37,9 +37,10 @@ class AdaptiveDrafter(DrafterWrapper):
         base: a diffusion drafter (:class:`~specdiff_lightning.DiffusionDrafter`, ``ConditionedDrafter``).
         min_confidence: cut each draft after the last token where the drafter's probability of the
             prefix (the product of its marginals along the draft) is still at least this; 0: no cut.
-        siblings: draft positions (0: the first token) where the marginal's best token other than the
-            first draft's joins as a branch after the first draft's prefix, when the (cut) draft
+        siblings: draft positions (0: the first token) where the marginal's best tokens other than the
+            first draft's join as branches after the first draft's prefix, when the (cut) draft
             reaches that position.
+        branch_width: how many such runner-up tokens join at each sibling position (one node each).
         mode_first: the first of K sampled drafts becomes the marginals' mode (each position's most
             likely token); the other K-1 stay samples. At temperature 0 self-selection then picks
             among the mode and K-1 alternatives, so K drafts never accept fewer tokens than the one
@@ -51,6 +52,7 @@ class AdaptiveDrafter(DrafterWrapper):
         base,
         min_confidence: float = 0.0,
         siblings: tuple[int, ...] = (),
+        branch_width: int = 1,
         mode_first: bool = False,
     ) -> None:
         super().__init__(base)
@@ -59,7 +61,12 @@ class AdaptiveDrafter(DrafterWrapper):
         if any(int(j) < 0 for j in siblings):
             raise ValueError(f"sibling positions must be >= 0 (0 is the first draft token), got {siblings}")
         self.min_confidence = float(min_confidence)
+        if branch_width < 1:
+            raise ValueError(
+                f"branch_width must be >= 1 (runner-up tokens per sibling position), got {branch_width}"
+            )
         self.siblings = tuple(sorted({int(j) for j in siblings}))
+        self.branch_width = int(branch_width)
         self.mode_first = bool(mode_first)
 
     def propose(self, input_ids, gamma, num_drafts=1, temperature=1.0, generator=None) -> Proposal:
@@ -82,15 +89,26 @@ class AdaptiveDrafter(DrafterWrapper):
         lengths = torch.minimum(confident_lengths(token_probs, self.min_confidence), proposal.draft_lengths())
         branches = [j for j in self.siblings if j < g]
         if branches:
-            # the best token at each branch position other than the first draft's own
-            top2 = logits[:, branches].topk(2, dim=-1).indices  # [B, S, 2]
-            own = tokens[:, 0, branches]
-            runner_up = torch.where(top2[..., 0] == own, top2[..., 1], top2[..., 0])
-            extra = tokens[:, :1].expand(batch, len(branches), g).clone()
-            extra[:, torch.arange(len(branches)), branches] = runner_up
-            extra_lengths = torch.tensor([j + 1 for j in branches], device=tokens.device).expand(batch, -1)
+            w = self.branch_width
+            # the w best tokens at each branch position other than the first draft's own
+            top = logits[:, branches].topk(w + 1, dim=-1).indices  # [B, S, w + 1]
+            own = tokens[:, 0, branches, None]
+            # drop the draft's own token (or, when it is not among them, the last)
+            drop = torch.where((top == own).any(-1, keepdim=True), top == own, _last(top))
+            runner_ups = top[~drop].view(batch, len(branches), w)
+            positions = torch.tensor(branches, device=tokens.device).repeat_interleave(w)
+            extra = tokens[:, :1].expand(batch, len(positions), g).clone()
+            extra[:, torch.arange(len(positions)), positions] = runner_ups.flatten(1)
+            extra_lengths = (positions + 1).expand(batch, -1)
             # a branch only where the first draft (after its cut) reaches that position
-            keep = (torch.tensor(branches, device=tokens.device) < lengths[:, :1]).all(0)
+            keep = (positions < lengths[:, :1]).all(0)
             tokens = torch.cat([tokens, extra[:, keep]], dim=1)
             lengths = torch.cat([lengths, extra_lengths[:, keep]], dim=1)
         return proposal.reshaped(tokens, lengths)
+
+
+def _last(top: torch.Tensor) -> torch.Tensor:
+    """``BoolTensor`` like ``top``: True at the last entry of the final dimension."""
+    mask = torch.zeros_like(top, dtype=torch.bool)
+    mask[..., -1] = True
+    return mask
