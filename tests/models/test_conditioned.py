@@ -49,6 +49,30 @@ def test_cached_rounds_equal_the_training_forward():
         torch.testing.assert_close(logits, blocks[0, m], rtol=1e-9, atol=1e-9)
 
 
+def test_a_cache_window_drafts_as_if_the_context_began_at_the_window():
+    """With ``cache_window=W`` a round sees the last W cached positions plus the new ones: the
+    training forward over that suffix alone (positions renumbered from 0: RoPE reads only relative
+    positions) gives the same logits, and the cache never holds more than W positions between rounds."""
+    verifier, drafter = _pair()
+    drafter.cache_window = 3
+    seq = torch.randint(0, VOCAB - 1, (1, 16), generator=torch.Generator().manual_seed(0))
+    feats = _features(verifier, seq)
+    drafter.reset()
+    drafter.observe(feats[0, :4])
+    ends = [5, 6, 9, 11, 14]
+    for i, n in enumerate(ends):
+        start = drafter._past - min(3, drafter._past)  # the first context position this round sees
+        with torch.no_grad():
+            cached = drafter._cached_logits(seq[:, :n], 4)[0]
+            expected = drafter.blocks_logits(feats[:, start:], seq[:, start:], torch.tensor([[n - start]]), 4)
+        torch.testing.assert_close(cached, expected[0, 0], rtol=1e-9, atol=1e-9)
+        assert drafter._cache.get_seq_length() <= 3
+        if i + 1 < len(ends):
+            drafter.observe(feats[0, n - 1 : ends[i + 1] - 1])
+    with pytest.raises(ValueError, match="cache_window"):
+        ConditionedDrafter(drafter.model, drafter.fusion, LAYERS, VOCAB - 1, cache_window=0)
+
+
 def test_tree_verifier_hands_over_the_committed_tokens_features():
     verifier, _ = _pair()
     ids = torch.randint(0, VOCAB - 1, (1, 7), generator=torch.Generator().manual_seed(1))
@@ -60,6 +84,7 @@ def test_tree_verifier_hands_over_the_committed_tokens_features():
 @pytest.mark.parametrize("lookup", [False, True])
 def test_greedy_decoding_is_identical_to_the_verifier(arch, lookup):
     verifier, drafter = _pair(arch)
+    drafter.cache_window = None if lookup else 5  # a window shapes drafts only, never the output
     if lookup:
         drafter = LookupAugmentedDrafter(drafter)
     ids = torch.randint(0, VOCAB - 1, (1, 6), generator=torch.Generator().manual_seed(2))
