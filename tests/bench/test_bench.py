@@ -50,3 +50,7 @@ def test_drafter_cost_curve_of_a_conditioned_drafter():
     assert all(
         r[k] > 0 for r in rows for k in ("verifier_step_ms", "drafter_cached_ms", "drafter_uncached_ms")
     )
+    assert "drafter_cached_whole_ms" not in rows[0]
+    drafter.cache_window = 8  # also timed keeping the whole context, which the window saves
+    rows = drafter_cost_curve(verifier, drafter, [16, 32], gamma=4, repeats=1)
+    assert all(r["drafter_cached_whole_ms"] > 0 for r in rows) and drafter.cache_window == 8

@@ -21,63 +21,68 @@ from ..models.diffusion import DiffusionDrafter
 __all__ = ["drafter_cost_curve", "plot_drafter_cost"]
 
 
-@torch.no_grad()
-def _verifier_step_ms(verifier, ids: torch.Tensor, repeats: int) -> float:
-    from transformers import DynamicCache
+class _Context:
+    """One context length's inputs, prepared once: token ids, the verifier's KV cache of all but
+    the last token, and stand-in verifier features for a conditioned drafter."""
 
-    device = ids.device
-    times = []
-    for _ in range(repeats):
-        cache = DynamicCache(config=verifier.config)
-        verifier(input_ids=ids[:, :-1], cache=cache, use_cache=True, logits_to_keep=1)
-        start = now(device)
-        verifier(input_ids=ids[:, -1:], cache=cache, use_cache=True)
-        times.append(now(device) - start)
-    return 1000 * statistics.median(times)
+    def __init__(self, verifier, ids: torch.Tensor, feature_width: int | None, dtype) -> None:
+        from transformers import DynamicCache
+
+        self.ids = ids
+        self.cache = DynamicCache(config=verifier.config)
+        verifier(input_ids=ids[:, :-1], cache=self.cache, use_cache=True, logits_to_keep=1)
+        self.feats = None
+        if feature_width is not None:
+            gen = torch.Generator().manual_seed(1)
+            self.feats = torch.randn(ids.shape[1] - 1, feature_width, generator=gen).to(ids.device, dtype)
 
 
-@torch.no_grad()
-def _drafter_round_ms(
-    drafter: DiffusionDrafter, ids: torch.Tensor, gamma: int, new: int, repeats: int
+def _verifier_step(verifier, ctx: _Context, gamma: int, new: int) -> float:
+    """Seconds of one decoding step (one token after the context's cache)."""
+    start = now(ctx.ids.device)
+    verifier(input_ids=ctx.ids[:, -1:], cache=ctx.cache, use_cache=True)
+    elapsed = now(ctx.ids.device) - start
+    ctx.cache.crop(-1)  # back to the context alone: every repeat times the same step
+    return elapsed
+
+
+def _drafter_round(drafter: DiffusionDrafter, ctx: _Context, gamma: int, new: int) -> float:
+    """Seconds of a diffusion drafter's round after rounds that cached all but ``new`` tokens."""
+    drafter.reset()
+    # the rounds before (the prefill, then one round, as in decoding): the cache holds the prefix
+    drafter.draft_logits(ctx.ids[:, : -2 * new], gamma)
+    drafter.draft_logits(ctx.ids[:, :-new], gamma)
+    start = now(ctx.ids.device)
+    drafter.draft_logits(ctx.ids, gamma)
+    elapsed = now(ctx.ids.device) - start
+    drafter.reset()
+    return elapsed
+
+
+def _conditioned_round(
+    drafter: ConditionedDrafter, ctx: _Context, gamma: int, new: int, cached: bool
 ) -> float:
-    device = ids.device
-    times = []
-    for _ in range(repeats):
+    """Seconds of a conditioned drafter's round: with its cache (the new tokens' features plus the
+    block), or without (the training forward: every context feature plus the block, one window)."""
+    ids, feats, device = ctx.ids, ctx.feats, ctx.ids.device
+    if cached:
         drafter.reset()
-        drafter.draft_logits(ids[:, :-new], gamma)  # the rounds before: the cache holds the prefix
+        # the rounds before (the prefill, then one round, as in decoding): the cache holds the prefix
+        length = ids.shape[1]
+        drafter.observe(feats[: length - 2 * new - 1])
+        drafter.propose(ids[:, : -2 * new], gamma, 1, 0.0)
+        drafter.observe(feats[length - 2 * new - 1 : length - new - 1])
+        drafter.propose(ids[:, :-new], gamma, 1, 0.0)
+        drafter.observe(feats[length - new - 1 :])
         start = now(device)
-        drafter.draft_logits(ids, gamma)
-        times.append(now(device) - start)
+        drafter.propose(ids, gamma, 1, 0.0)
+    else:
+        start = now(device)
+        last = torch.tensor([[ids.shape[1] - 1]], device=device)
+        drafter.blocks_logits(feats[None], ids[:, :-1], last, gamma)
+    elapsed = now(device) - start
     drafter.reset()
-    return 1000 * statistics.median(times)
-
-
-@torch.no_grad()
-def _conditioned_round_ms(
-    drafter: ConditionedDrafter, verifier, ids: torch.Tensor, gamma: int, new: int, repeats: int, cached: bool
-) -> float:
-    """A conditioned drafter's round: with its cache (the new tokens' features plus the block), or
-    without (the training forward: every context feature plus the block, one window)."""
-    device = ids.device
-    width = len(drafter.feature_layers) * int(verifier.config.hidden_size)
-    dtype = next(drafter.model.parameters()).dtype
-    feats = torch.randn(ids.shape[1] - 1, width, generator=torch.Generator().manual_seed(1)).to(device, dtype)
-    times = []
-    for _ in range(repeats):
-        if cached:
-            drafter.reset()
-            drafter.observe(feats[: ids.shape[1] - new - 1])
-            drafter.propose(ids[:, :-new], gamma, 1, 0.0)  # the rounds before: the cache holds the prefix
-            drafter.observe(feats[ids.shape[1] - new - 1 :])
-            start = now(device)
-            drafter.propose(ids, gamma, 1, 0.0)
-        else:
-            start = now(device)
-            last = torch.tensor([[ids.shape[1] - 1]], device=device)
-            drafter.blocks_logits(feats[None], ids[:, :-1], last, gamma)
-        times.append(now(device) - start)
-    drafter.reset()
-    return 1000 * statistics.median(times)
+    return elapsed
 
 
 def _with_prefix_cache(drafter: DiffusionDrafter, on: bool) -> DiffusionDrafter:
@@ -86,42 +91,56 @@ def _with_prefix_cache(drafter: DiffusionDrafter, on: bool) -> DiffusionDrafter:
     return copied
 
 
+@torch.no_grad()
 def drafter_cost_curve(
     verifier,
     drafter: DiffusionDrafter | ConditionedDrafter,
     contexts: list[int] = (200, 400, 600, 800, 1000),
     gamma: int = 8,
     new_tokens: int = 3,
-    repeats: int = 5,
+    repeats: int = 15,
     seed: int = 0,
 ) -> list[dict]:
-    """``[{context, verifier_step_ms, drafter_cached_ms, drafter_uncached_ms}]`` per context length.
+    """``[{context, verifier_step_ms, drafter_cached_ms, drafter_uncached_ms}]`` per context length,
+    plus ``drafter_cached_whole_ms`` for a conditioned drafter with a ``cache_window`` (the same
+    rounds keeping the whole context in the cache).
 
     ``new_tokens``: tokens the cached drafter runs besides the mask block (a round's accepted tokens).
-    Random token ids stand in for text: costs depend on lengths, not on which tokens.
+    Random token ids stand in for text: costs depend on lengths, not on which tokens. Each repeat
+    times every context in turn (interleaved), so a machine that speeds up or slows down during the
+    measurement shifts every context alike rather than bending the curve; medians over the repeats.
     """
-    if isinstance(drafter, ConditionedDrafter):
-        timers = {
-            f"drafter_{name}_ms": functools.partial(
-                _conditioned_round_ms, drafter, verifier, cached=use_cache
-            )
-            for name, use_cache in (("cached", True), ("uncached", False))
-        }
-    else:
-        timers = {
-            f"drafter_{name}_ms": functools.partial(_drafter_round_ms, _with_prefix_cache(drafter, use_cache))
-            for name, use_cache in (("cached", True), ("uncached", False))
-        }
+    timers = {"verifier_step_ms": functools.partial(_verifier_step, verifier)}
+    conditioned = isinstance(drafter, ConditionedDrafter)
+    for name, use_cache in (("cached", True), ("uncached", False)):
+        timers[f"drafter_{name}_ms"] = (
+            functools.partial(_conditioned_round, drafter, cached=use_cache)
+            if conditioned
+            else functools.partial(_drafter_round, _with_prefix_cache(drafter, use_cache))
+        )
+    if conditioned and drafter.cache_window is not None:
+        # the same drafter keeping its whole context: what the window saves
+        whole = copy.copy(drafter)
+        whole.cache_window = None
+        timers["drafter_cached_whole_ms"] = functools.partial(_conditioned_round, whole, cached=True)
+    width = len(drafter.feature_layers) * int(verifier.config.hidden_size) if conditioned else None
+    dtype = next(drafter.model.parameters()).dtype
     gen = torch.Generator().manual_seed(seed)
     vocab = int(verifier.config.vocab_size)
     device = next(verifier.parameters()).device
-    rows = []
+    prepared = []
     for context in contexts:
         ids = torch.randint(100, vocab - 100, (1, context), generator=gen).to(device)
-        row = {"context": context, "verifier_step_ms": _verifier_step_ms(verifier, ids, repeats)}
-        row.update({name: timer(ids, gamma, new_tokens, repeats) for name, timer in timers.items()})
-        rows.append(row)
-    return rows
+        prepared.append(_Context(verifier, ids, width, dtype))
+    samples = [{name: [] for name in timers} for _ in contexts]
+    for _ in range(repeats):
+        for ctx, times in zip(prepared, samples, strict=True):
+            for name, timer in timers.items():
+                times[name].append(timer(ctx, gamma, new_tokens))
+    return [
+        {"context": c, **{name: 1000 * statistics.median(t) for name, t in times.items()}}
+        for c, times in zip(contexts, samples, strict=True)
+    ]
 
 
 def plot_drafter_cost(rows: list[dict], path) -> None:
@@ -134,6 +153,14 @@ def plot_drafter_cost(rows: list[dict], path) -> None:
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     ax.plot(x, [r["verifier_step_ms"] for r in rows], marker="o", label="verifier: one decoding step")
     ax.plot(x, [r["drafter_cached_ms"] for r in rows], marker="s", label="drafter round, prefix cache")
+    if all("drafter_cached_whole_ms" in r for r in rows):
+        ax.plot(
+            x,
+            [r["drafter_cached_whole_ms"] for r in rows],
+            marker="s",
+            linestyle="--",
+            label="drafter round, prefix cache without its window",
+        )
     ax.plot(x, [r["drafter_uncached_ms"] for r in rows], marker="^", label="drafter round, no cache")
     ax.set_xlabel("context tokens")
     ax.set_ylabel("ms (median)")
