@@ -52,7 +52,9 @@ def test_cached_rounds_equal_the_training_forward():
 def test_a_cache_window_drafts_as_if_the_context_began_at_the_window():
     """With ``cache_window=W`` a round sees the last W cached positions plus the new ones: the
     training forward over that suffix alone (positions renumbered from 0: RoPE reads only relative
-    positions) gives the same logits, and the cache never holds more than W positions between rounds."""
+    positions) gives the same logits, and the cache never holds more than W positions between rounds.
+    transformers computes RoPE's cos/sin in float32, so renumbered positions agree to ~1e-7 even in
+    float64; the whole context, which the window drops, changes the logits far more than that."""
     verifier, drafter = _pair()
     drafter.cache_window = 3
     seq = torch.randint(0, VOCAB - 1, (1, 16), generator=torch.Generator().manual_seed(0))
@@ -65,7 +67,10 @@ def test_a_cache_window_drafts_as_if_the_context_began_at_the_window():
         with torch.no_grad():
             cached = drafter._cached_logits(seq[:, :n], 4)[0]
             expected = drafter.blocks_logits(feats[:, start:], seq[:, start:], torch.tensor([[n - start]]), 4)
-        torch.testing.assert_close(cached, expected[0, 0], rtol=1e-9, atol=1e-9)
+            whole = drafter.blocks_logits(feats, seq, torch.tensor([[n]]), 4)[0, 0]
+        torch.testing.assert_close(cached, expected[0, 0], rtol=1e-5, atol=1e-6)
+        if start > 0:
+            assert (cached - whole).abs().max() > 1e-3
         assert drafter._cache.get_seq_length() <= 3
         if i + 1 < len(ends):
             drafter.observe(feats[0, n - 1 : ends[i + 1] - 1])
