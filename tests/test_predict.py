@@ -3,6 +3,7 @@
 import json
 
 import lightning as L
+import pytest
 import torch
 
 from helpers import tiny_distillation, write_prompts
@@ -10,8 +11,16 @@ from specdiff_lightning.data import PromptDataModule
 from specdiff_lightning.predict import DecodingMetrics, JsonlPredictionWriter
 
 
-def test_predict_writes_jsonl_and_summary(tmp_path, capsys):
-    model = tiny_distillation()
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {},
+        {"tree": {"min_confidence": 0.05, "siblings": [0], "branch_width": 2}, "lookup": {"num_lookups": 2}},
+    ],
+    ids=["plain", "tree+lookup"],
+)
+def test_predict_writes_jsonl_and_summary(tmp_path, capsys, shape):
+    model = tiny_distillation(**shape)
     metrics = DecodingMetrics()
     trainer = L.Trainer(
         default_root_dir=tmp_path,

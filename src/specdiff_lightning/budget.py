@@ -102,7 +102,7 @@ def run_budget_eval(
                 else:
                     out = speculative_generate(
                         verifier,
-                        drafter,
+                        think_cfg.shape_drafter(drafter),
                         ids,
                         **think_cfg.generate_kwargs(),
                         eos_token_id=eos,

@@ -91,7 +91,9 @@ class SpecDiffTrainer(L.Trainer):
                 SpecDiff-2 (greedy acceptance) over K, T, gamma and denoising steps.
             warmup: prompts decoded once, untimed, before each method.
             settings: explicit SpecDiff-2 rows, each a dict of decoding overrides
-                (e.g. ``[{num_drafts: 2, gamma: 3}]``).
+                (e.g. ``[{num_drafts: 2, gamma: 3}]``, or with a draft-tree shape
+                ``[{tree: {min_confidence: 0.1, siblings: [0]}, lookup: true}]``). Rows shape their
+                trees only as their own settings say, never from the config's ``decoding``.
             profile: split each round's time into draft, tree, verify, accept, cache; report the
                 loop overhead ``1 - (draft + verify) / round``.
             ar_drafter: an AR drafter (directory/hub id or tiny preset) for SpS and HF assisted decoding.

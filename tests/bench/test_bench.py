@@ -54,3 +54,19 @@ def test_drafter_cost_curve_of_a_conditioned_drafter():
     drafter.cache_window = 8  # also timed keeping the whole context, which the window saves
     rows = drafter_cost_curve(verifier, drafter, [16, 32], gamma=4, repeats=1)
     assert all(r["drafter_cached_whole_ms"] > 0 for r in rows) and drafter.cache_window == 8
+
+
+def test_bench_rows_shape_their_trees_only_as_their_own_settings_say():
+    from specdiff_lightning.bench.methods import BenchMethod, setting_methods
+    from specdiff_lightning.bench.runners import method_config
+    from specdiff_lightning.decoding.config import DecodingConfig
+
+    tree = {"min_confidence": 0.1, "siblings": [0]}
+    (row,) = setting_methods([{"num_drafts": 1, "tree": tree, "lookup": True, "key": "shaped"}])
+    assert row.key == "shaped" and "adaptive tree" in row.name and "+lookup" in row.name
+    run = DecodingConfig(gamma=4, tree={"min_confidence": 0.5}, lookup={"num_lookups": 3})
+    shaped = method_config(run, row)
+    assert shaped.tree == tree and shaped.lookup is True
+    plain = method_config(run, BenchMethod("K=2", "diffusion", {"num_drafts": 2}))
+    assert plain.tree is None and plain.lookup is False and plain.num_drafts == 2
+    assert "tree" not in plain.generate_kwargs() and "lookup" not in plain.generate_kwargs()

@@ -95,6 +95,7 @@ def test_cli_predict_and_bench(tmp_path, monkeypatch):
     report = json.loads(Path("runs/tiny/bench/bench.json").read_text())
     assert all(r["identical_to_verifier"] for r in report["rows"])
     assert any(r["kind"] == "hf_assisted" for r in report["rows"])
+    assert any(r["tree"] and r["lookup"] for r in report["rows"])  # tiny_bench.yaml's shaped row
     assert not Path("lightning_logs").exists()
 
 
@@ -150,7 +151,14 @@ def test_cli_predict_decodes_with_the_configs_settings_not_the_checkpoints(tmp_p
         "false",
     ]
     expected = DecodingConfig(
-        max_new_tokens=12, gamma=8, num_drafts=4, draft_temperature=1.5, acceptance="greedy", temperature=0.0
+        max_new_tokens=12,
+        gamma=8,
+        num_drafts=4,
+        draft_temperature=1.5,
+        acceptance="greedy",
+        temperature=0.0,
+        tree={"min_confidence": 0.05, "siblings": [0]},
+        lookup={"num_lookups": 2},
     )
     for _ in range(2):
         main(predict)

@@ -51,19 +51,14 @@ class BenchMethod:
         kind: which runner decodes it (a key of ``bench.runners.RUNNERS``): ``verifier`` (our loop,
             no drafter), ``hf`` (``generate()``), ``hf_prompt_lookup``, ``hf_assisted`` (``generate(assistant_model=
             the AR drafter)``), ``sps`` (our loop, AR drafter), ``diffusion`` (our loop, a diffusion drafter).
-        decoding: overrides of the run's :class:`DecodingConfig`.
+        decoding: overrides of the run's :class:`DecodingConfig` (diffusion rows also shape their
+            draft trees through its ``tree`` and ``lookup``).
         sweep: the ablation this row belongs to (``num_drafts``, ``gamma``, ...), None for main rows.
         steps: denoising steps override (diffusion).
         drafter: which diffusion drafter (a key of the bench's drafters; None: ``"main"``).
         role: one of :data:`ROLES`; None: from ``kind`` (``specdiff`` for K=1 ``standard``).
         key: a stable identifier (None: derived from name); target checks use role and key.
         dtype: run in this dtype's copy of the models (None: the run's first dtype).
-        lookup: add prompt-lookup drafts to the K diffusion drafts (greedy acceptance only): True,
-            or the options of :class:`~specdiff_lightning.decoding.LookupAugmentedDrafter`
-            (``num_lookups``, ``ngram_lengths``, ``max_ngram``).
-        adaptive: shape the diffusion drafts by the drafter's confidence (greedy acceptance only):
-            the options of :class:`~specdiff_lightning.decoding.AdaptiveDrafter` (``min_confidence``,
-            ``siblings``, ``mode_first``); None: the drafter's own drafts.
         repeats: timed decodes per prompt for this row (None: the run's); fewer for rows read for
             their acceptance or exactness rather than their speed.
     """
@@ -77,8 +72,6 @@ class BenchMethod:
     role: str | None = None
     key: str | None = None
     dtype: str | None = None
-    lookup: bool | dict = False
-    adaptive: dict | None = None
     repeats: int | None = None
 
     def __post_init__(self) -> None:
@@ -157,18 +150,17 @@ def default_methods(cfg: DecodingConfig, with_ar: bool) -> list[BenchMethod]:
 
 
 def setting_methods(settings: list[dict]) -> list[BenchMethod]:
-    """Explicit SpecDiff-2 rows, each a dict of :class:`DecodingConfig` overrides plus optional
-    ``lookup`` (add prompt-lookup drafts), ``adaptive`` (cut drafts by the drafter's confidence),
-    ``key``, ``dtype`` and ``drafter``."""
+    """Explicit SpecDiff-2 rows, each a dict of :class:`DecodingConfig` overrides (``tree`` and
+    ``lookup`` among them) plus optional ``key``, ``dtype`` and ``drafter``."""
     rows = []
     for setting in settings:
         setting = {"acceptance": "greedy", **setting}
-        names = ("lookup", "adaptive", "key", "dtype", "drafter")
-        extra = {name: setting.pop(name) for name in names if name in setting}
-        label = ", ".join(f"{'K' if k == 'num_drafts' else k}={v}" for k, v in setting.items())
-        if extra.get("adaptive"):
-            label += ", adaptive"
-        if extra.get("lookup"):
+        extra = {name: setting.pop(name) for name in ("key", "dtype", "drafter") if name in setting}
+        plain = {k: v for k, v in setting.items() if k not in ("tree", "lookup")}
+        label = ", ".join(f"{'K' if k == 'num_drafts' else k}={v}" for k, v in plain.items())
+        if setting.get("tree"):
+            label += ", adaptive tree"
+        if setting.get("lookup"):
             label += ", +lookup"
         if extra.get("drafter") not in (None, "main"):
             label += f", {extra['drafter']}"

@@ -247,8 +247,8 @@ def _row(m, dtype, cfg, prompts, samples, reference, profiler, passed) -> dict:
         "dtype": dtype,
         "sweep": m.sweep,
         "drafter": m.drafter,
-        "lookup": m.lookup,
-        "adaptive": m.adaptive,
+        "tree": cfg.tree if m.kind == "diffusion" else None,  # only diffusion rows shape their drafts
+        "lookup": cfg.lookup if m.kind == "diffusion" else False,
         "settings": {**m.decoding, **({"steps": m.steps} if m.steps else {})},
         "num_drafts": cfg.num_drafts,
         "gamma": cfg.gamma,

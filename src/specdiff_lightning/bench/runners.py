@@ -13,11 +13,9 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ..decoding.adaptive import AdaptiveDrafter
 from ..decoding.config import DecodingConfig
 from ..decoding.drafting import Drafter
 from ..decoding.generate import speculative_generate, verifier_generate
-from ..decoding.lookup import LookupAugmentedDrafter
 from .methods import BenchMethod
 
 __all__ = ["BenchModels", "RUNNERS", "hf_generate"]
@@ -94,13 +92,7 @@ def _diffusion(models, method, cfg, ids, generator, profiler):
     drafter = models.drafter(method.drafter)
     if method.steps is not None:
         drafter = drafter.with_steps(method.steps)
-    if method.adaptive:
-        drafter = AdaptiveDrafter(drafter, **method.adaptive)
-    if method.lookup:
-        drafter = LookupAugmentedDrafter(
-            drafter, **(method.lookup if isinstance(method.lookup, dict) else {})
-        )
-    return _speculative(drafter, models, cfg, ids, generator, profiler)
+    return _speculative(cfg.shape_drafter(drafter), models, cfg, ids, generator, profiler)
 
 
 #: kind -> runner
@@ -115,4 +107,8 @@ RUNNERS: dict[str, Callable] = {
 
 
 def method_config(cfg: DecodingConfig, method: BenchMethod) -> DecodingConfig:
-    return replace(cfg, **method.decoding)
+    """The run's decoding settings with the row's overrides. A row shapes its draft tree (``tree``,
+    ``lookup``) only as its own settings say: the run's shape (e.g. a predict config's) would turn
+    the paper's rows and ablations (standard / recursive acceptance, K and step sweeps) into other
+    methods, and some (standard acceptance, multi-step denoising) cannot take it at all."""
+    return replace(cfg, **{"tree": None, "lookup": False, **method.decoding})

@@ -6,6 +6,10 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
 
+from .adaptive import AdaptiveDrafter
+from .drafting import Drafter
+from .lookup import LookupAugmentedDrafter
+
 __all__ = ["DecodingConfig"]
 
 
@@ -17,6 +21,16 @@ class DecodingConfig:
     ``standard`` (K = 1) or ``recursive``. ``gamma=None`` (the default in configs) means the
     drafter's trained window: :class:`~specdiff_lightning.training.DrafterDistillation` fills in
     its ``gamma``, so a config names the window once.
+
+    ``tree`` and ``lookup`` shape each round's draft tree (``greedy`` acceptance only; lossless for
+    any shape): ``tree`` holds the options of :class:`~specdiff_lightning.decoding.AdaptiveDrafter`
+    (``min_confidence``, ``siblings``, ``branch_width``, ``mode_first``), ``lookup`` is True or the
+    options of :class:`~specdiff_lightning.decoding.LookupAugmentedDrafter` (``num_lookups``,
+    ``ngram_lengths``, ``max_ngram``). In YAML::
+
+        decoding:
+          tree: {min_confidence: 0.1, siblings: [0]}
+          lookup: {num_lookups: 2, ngram_lengths: {1: 2, 2: 5}}
     """
 
     max_new_tokens: int = 128
@@ -28,6 +42,8 @@ class DecodingConfig:
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 0
+    tree: dict | None = None
+    lookup: bool | dict = False
 
     def with_gamma(self, gamma: int) -> DecodingConfig:
         """This config, with ``gamma`` filled in where it was left unset."""
@@ -37,8 +53,19 @@ class DecodingConfig:
         if self.gamma is None:
             raise ValueError("DecodingConfig.gamma is unset: give a draft window, or use with_gamma(...)")
         kwargs = asdict(self)
-        kwargs.pop("seed")
+        for name in ("seed", "tree", "lookup"):  # not speculative_generate's: see shape_drafter
+            kwargs.pop(name)
         return kwargs
+
+    def shape_drafter(self, drafter: Drafter) -> Drafter:
+        """``drafter`` wrapped to shape its drafts as ``tree`` and ``lookup`` say (itself if neither)."""
+        if self.tree:
+            drafter = AdaptiveDrafter(drafter, **self.tree)
+        if self.lookup:
+            drafter = LookupAugmentedDrafter(
+                drafter, **(self.lookup if isinstance(self.lookup, dict) else {})
+            )
+        return drafter
 
     def sampling_kwargs(self) -> dict:
         """The verifier-side arguments (shared with the verifier-only baseline)."""

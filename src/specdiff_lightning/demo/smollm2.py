@@ -149,16 +149,16 @@ _ROWS = (
         "specdiff2_k1_lookup",
         "SpecDiff-2 sliced (K=1 + lookup)",
         "diffusion",
-        {},
         {"lookup": True},
+        {},
         {"bfloat16": 1},
     ),
     (
         "specdiff2_fc_k1_lookup",
         "SpecDiff-2 conditioned (K=1, adaptive tree + lookups)",
         "diffusion",
-        {},
-        {"drafter": "conditioned", "adaptive": "tree", "lookup": "lookups", "role": "specdiff2"},
+        {"tree": "tree", "lookup": "lookups"},
+        {"drafter": "conditioned", "role": "specdiff2"},
         {"bfloat16": None, "float32": 1},
     ),
     (
@@ -173,8 +173,8 @@ _ROWS = (
         "specdiff2_k{k}_lookup",
         "SpecDiff-2 sliced (K={k}: mode + {r} runner-up first tokens, + lookup)",
         "diffusion",
+        {"tree": "runner_ups", "lookup": True},
         {},
-        {"lookup": True, "adaptive": "runner_ups"},
         {"bfloat16": 1},
     ),
     (
@@ -189,8 +189,8 @@ _ROWS = (
         "specdiff2_k{k}",
         "SpecDiff-2 sliced (K={k}: mode + {r} runner-up first tokens)",
         "diffusion",
+        {"tree": "runner_ups"},
         {},
-        {"adaptive": "runner_ups"},
         {"bfloat16": 1},
     ),
     (
@@ -216,9 +216,10 @@ def smollm2_methods(p: SmolPreset) -> list:
         "runner_ups": {"siblings": (0,), "branch_width": p.num_drafts - 1},
     }
     for key, label, kind, decoding, options, dtypes in _ROWS:
-        options = {
-            k: presets[v] if k in ("adaptive", "lookup") and isinstance(v, str) else v
-            for k, v in options.items()
+        # a string names one of the preset's draft-tree settings
+        decoding = {
+            k: presets[v] if k in ("tree", "lookup") and isinstance(v, str) else v
+            for k, v in decoding.items()
         }
         decoding = (
             {"acceptance": "greedy", "num_drafts": 1, "draft_temperature": 0.0, **decoding}

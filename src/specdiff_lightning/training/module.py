@@ -211,13 +211,14 @@ class DrafterDistillation(L.LightningModule):
         with the completion, statistics and wall times (see ``JsonlPredictionWriter``)."""
         cfg = self.decoding
         eos = self.verifier.generation_config.eos_token_id
+        drafter = cfg.shape_drafter(self.drafter)  # decoding.tree / decoding.lookup, if set
         rows = []
         for rid, ids, prompt in zip(batch["ids"], batch["input_ids"], batch["prompts"], strict=True):
             ids = ids[None].to(self.device)
             seed = cfg.seed + zlib.crc32(str(rid).encode())
             out, wall = timed(
                 lambda g, ids=ids: speculative_generate(
-                    self.verifier, self.drafter, ids, **cfg.generate_kwargs(), eos_token_id=eos, generator=g
+                    self.verifier, drafter, ids, **cfg.generate_kwargs(), eos_token_id=eos, generator=g
                 ),
                 self.device,
                 seed,
