@@ -108,3 +108,19 @@ def test_tokenizer_mismatch():
         check_tokenizers(_tokenizer(same), _tokenizer(["<unk>", "a", "b", "d"]))
     with pytest.raises(ValueError, match="different ids"):
         check_tokenizers(_tokenizer(same), _tokenizer(["<unk>", "b", "a", "c"]))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"tree": {"min_conf": 0.1}}, r"decoding.tree has unknown option\(s\) \['min_conf'\]"),
+        ({"lookup": {"num_lookup": 2}}, r"decoding.lookup has unknown option\(s\) \['num_lookup'\]"),
+        ({"tree": 0.1}, "decoding.tree must be a mapping of AdaptiveDrafter options"),
+    ],
+)
+def test_a_misspelt_draft_tree_option_names_the_config_key(kwargs, match):
+    from specdiff_lightning.decoding.config import DecodingConfig
+
+    with pytest.raises(ValueError, match=match):
+        DecodingConfig(**kwargs)
+    DecodingConfig(tree={"min_confidence": 0.1, "siblings": [0]}, lookup=True)  # well-formed: accepted

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from dataclasses import asdict, dataclass, replace
 
@@ -44,6 +45,25 @@ class DecodingConfig:
     seed: int = 0
     tree: dict | None = None
     lookup: bool | dict = False
+
+    def __post_init__(self) -> None:
+        # a misspelt option fails here, naming the config key, not later inside a wrapper's __init__
+        for name, value, wrapper in (
+            ("tree", self.tree, AdaptiveDrafter),
+            ("lookup", self.lookup, LookupAugmentedDrafter),
+        ):
+            if value is None or value is False or (name == "lookup" and value is True):
+                continue
+            if not isinstance(value, dict):
+                raise ValueError(
+                    f"decoding.{name} must be a mapping of {wrapper.__name__} options, got {value!r}"
+                )
+            known = set(inspect.signature(wrapper).parameters) - {"base"}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(
+                    f"decoding.{name} has unknown option(s) {unknown}; {wrapper.__name__} takes {sorted(known)}"
+                )
 
     def with_gamma(self, gamma: int) -> DecodingConfig:
         """This config, with ``gamma`` filled in where it was left unset."""
