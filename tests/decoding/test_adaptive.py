@@ -79,7 +79,13 @@ def test_mode_first_makes_the_first_sampled_draft_the_marginals_mode():
 def test_adaptive_and_lookup_drafts_decode_identically_to_the_verifier(arch):
     verifier, _ = make_pair(arch, "llama", seed=5)
     drafter = LookupAugmentedDrafter(
-        AdaptiveDrafter(_diffusion_drafter(verifier), min_confidence=0.05, siblings=(0,), mode_first=True),
+        AdaptiveDrafter(
+            _diffusion_drafter(verifier),
+            min_confidence=0.05,
+            siblings=(0, 1),
+            branch_width=2,
+            mode_first=True,
+        ),
         num_lookups=2,
         ngram_lengths={1: 2, 2: 3},
     )

@@ -78,12 +78,14 @@ def test_speculative_sampling_with_a_conditioned_drafter_is_exact(verifier, acce
 
 
 def test_greedy_acceptance_of_adaptive_and_lookup_drafts_is_exact(verifier, drafter):
-    """Drafts cut by the drafter's confidence, its runner-up branches and copies from the context,
-    all of different lengths in one tree: the output is still distributed as the verifier's."""
+    """Drafts cut by the drafter's confidence, its runner-up branches (two a position), the mode in
+    place of a sample and copies from the context, all of different lengths in one tree: the output
+    is still distributed as the verifier's."""
     from specdiff_lightning.decoding import AdaptiveDrafter, LookupAugmentedDrafter
 
     shaped = LookupAugmentedDrafter(
-        AdaptiveDrafter(drafter, min_confidence=0.2, siblings=(0, 1)), num_lookups=2
+        AdaptiveDrafter(drafter, min_confidence=0.2, siblings=(0, 1), branch_width=2, mode_first=True),
+        num_lookups=2,
     )
     probs = exact_sequence_probs(verifier, PROMPT, LENGTH)
     counts = _speculative_counts(verifier, shaped, acceptance="greedy", num_drafts=2, draft_temperature=0.9)

@@ -60,11 +60,11 @@ class AdaptiveDrafter(DrafterWrapper):
             raise ValueError(f"min_confidence must lie in [0, 1], got {min_confidence}")
         if any(int(j) < 0 for j in siblings):
             raise ValueError(f"sibling positions must be >= 0 (0 is the first draft token), got {siblings}")
-        self.min_confidence = float(min_confidence)
         if branch_width < 1:
             raise ValueError(
                 f"branch_width must be >= 1 (runner-up tokens per sibling position), got {branch_width}"
             )
+        self.min_confidence = float(min_confidence)
         self.siblings = tuple(sorted({int(j) for j in siblings}))
         self.branch_width = int(branch_width)
         self.mode_first = bool(mode_first)

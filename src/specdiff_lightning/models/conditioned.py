@@ -69,11 +69,11 @@ class ConditionedDrafter(Drafter):
             change with the block's size, and were measured worse beyond it). When a round's gamma is
             larger, its drafts stop at ``block`` (the proposal's ``lengths``), while other draft
             sources in the same tree (context copies) may run to gamma. None: gamma.
-        cache_window: when decoding, keep only the last ``cache_window`` context positions in its prefix cache,
-            so a round costs the same at any context length (its attention over the cache is what
-            grows: ~0.5 ms of a ~3 ms round from 200 to 1,000 tokens on 2 CPU cores). The context
-            before the window still reaches it through the verifier's features, which the verifier
-            computed attending to everything. None: the whole context.
+        cache_window: when decoding, keep only the last ``cache_window`` context positions in its
+            prefix cache, so a round costs the same at any context length (its attention over the
+            cache is what grows: ~0.5 ms of a ~3 ms round from 200 to 1,000 tokens on 2 CPU cores).
+            The context before the window still reaches it through the verifier's features, which
+            the verifier computed attending to everything. None: the whole context.
     """
 
     def __init__(
