@@ -11,6 +11,20 @@ ROOT = Path(__file__).parents[1]
 _STRAY = ("checkpoints", "lightning_logs")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _calibrations_in_a_temporary_directory(tmp_path_factory):
+    """Cost models measured by tests (tiny models, tree: auto) go to a directory of the session's."""
+    import os
+
+    previous = os.environ.get("SPECDIFF_CALIBRATION_DIR")
+    os.environ["SPECDIFF_CALIBRATION_DIR"] = str(tmp_path_factory.mktemp("calibration"))
+    yield
+    if previous is None:
+        os.environ.pop("SPECDIFF_CALIBRATION_DIR", None)
+    else:
+        os.environ["SPECDIFF_CALIBRATION_DIR"] = previous
+
+
 @pytest.fixture(autouse=True)
 def _nothing_written_into_the_checkout():
     """Tests never write into the checkout: every Trainer gets ``tmp_path`` as its root."""

@@ -129,3 +129,14 @@ def fit_briefly(module, corpus, tmp_path, max_steps: int) -> None:
         enable_model_summary=False,
     )
     trainer.fit(module, SequenceDataModule(str(corpus), batch_size=4, max_length=32))
+
+
+def tree_for(acceptance) -> str | None:
+    """``speculative_generate``'s ``tree=``: auto-sized for greedy acceptance; the drafts as drawn
+    for rules that read q (they cannot verify drafts chosen knowing the marginals)."""
+    return "auto" if acceptance == "greedy" else None
+
+
+def trees_for(acceptance) -> tuple:
+    """Every tree mode an acceptance rule takes: greedy both auto-sized and as drawn."""
+    return ("auto", None) if acceptance == "greedy" else (None,)

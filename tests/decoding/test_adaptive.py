@@ -136,6 +136,7 @@ def test_drafts_of_different_lengths_decode_identically_to_the_verifier():
         num_drafts=3,
         temperature=0,
         eos_token_id=[],
+        tree=None,  # the oracle's ragged drafts, as drawn
     )
     assert torch.equal(out.sequences, ref)
     rounds = out.stats.rounds
@@ -181,4 +182,5 @@ def test_a_rule_for_one_length_refuses_drafts_of_several():
             num_drafts=2,
             acceptance=SameLength(),
             temperature=0,
+            tree=None,
         )

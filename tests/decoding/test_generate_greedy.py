@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import NoisyOracleDrafter, make_pair, reference_greedy
+from helpers import NoisyOracleDrafter, make_pair, reference_greedy, tree_for, trees_for
 from specdiff_lightning import AutoregressiveDrafter, speculative_generate, verifier_generate
 from specdiff_lightning.models import tiny_model
 
@@ -31,20 +31,22 @@ def test_diffusion_drafter_greedy_exact(pair, seed, gamma):
     prompt = _prompt(seed, verifier.config.vocab_size)
     ref = reference_greedy(verifier, prompt, 24)
     for acceptance, num_drafts in MODES:
-        out = speculative_generate(
-            verifier,
-            drafter,
-            prompt,
-            max_new_tokens=24,
-            gamma=gamma,
-            num_drafts=num_drafts,
-            acceptance=acceptance,
-            temperature=0,
-            draft_temperature=1.5,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        assert out.sequences.tolist() == ref.tolist(), (acceptance, num_drafts)
-        assert out.stats.new_tokens == 24
+        for tree in trees_for(acceptance):
+            out = speculative_generate(
+                verifier,
+                drafter,
+                prompt,
+                max_new_tokens=24,
+                gamma=gamma,
+                num_drafts=num_drafts,
+                acceptance=acceptance,
+                temperature=0,
+                draft_temperature=1.5,
+                generator=torch.Generator().manual_seed(seed),
+                tree=tree,
+            )
+            assert out.sequences.tolist() == ref.tolist(), (acceptance, num_drafts, tree)
+            assert out.stats.new_tokens == 24
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -65,6 +67,7 @@ def test_deep_acceptance_and_branching_trees_greedy_exact(seed, gamma, num_draft
         num_drafts=num_drafts,
         acceptance="greedy",
         temperature=0,
+        tree=None,  # the K drafts as drawn: this test is about their trees
     )
     assert out.sequences.tolist() == ref.tolist()
     assert out.stats.mean_accepted > 0.5 * min(gamma, 4)  # the paths really were long
@@ -82,18 +85,20 @@ def test_eos_handling_matches_generate(pair, acceptance, num_drafts):
     ref = reference_greedy(verifier, prompt, 30, eos_token_id=eos)
     assert ref.shape[1] < prompt.shape[1] + 30 and ref[0, -1] == eos
     for gamma in (1, 4, 16):
-        out = speculative_generate(
-            verifier,
-            drafter,
-            prompt,
-            max_new_tokens=30,
-            gamma=gamma,
-            num_drafts=num_drafts,
-            acceptance=acceptance,
-            temperature=0,
-            eos_token_id=[eos],
-        )
-        assert out.sequences.tolist() == ref.tolist()
+        for tree in trees_for(acceptance):
+            out = speculative_generate(
+                verifier,
+                drafter,
+                prompt,
+                max_new_tokens=30,
+                gamma=gamma,
+                num_drafts=num_drafts,
+                acceptance=acceptance,
+                temperature=0,
+                eos_token_id=[eos],
+                tree=tree,
+            )
+            assert out.sequences.tolist() == ref.tolist()
     oracle = speculative_generate(
         verifier,
         NoisyOracleDrafter(verifier, noise=0.0),
@@ -139,13 +144,21 @@ def test_autoregressive_drafter_sps_greedy_exact():
         acceptance="standard",
         temperature=0,
         draft_temperature=0,
+        tree=None,
     )
     assert out.sequences.tolist() == ref.tolist()
     assert all(r.accepted == r.drafted for r in out.stats.rounds)
     other = AutoregressiveDrafter(tiny_model("llama", vocab_size=48, seed=9, dtype=torch.float64))
     for acceptance in ("standard", "greedy", "recursive"):
         out = speculative_generate(
-            verifier, other, prompt, max_new_tokens=30, gamma=5, acceptance=acceptance, temperature=0
+            verifier,
+            other,
+            prompt,
+            max_new_tokens=30,
+            gamma=5,
+            acceptance=acceptance,
+            temperature=0,
+            tree=tree_for(acceptance),
         )
         assert out.sequences.tolist() == ref.tolist()
 
@@ -171,5 +184,12 @@ def test_multistep_drafter_greedy_exact():
     assert out.sequences.tolist() == ref.tolist()
     with pytest.raises(ValueError, match="greedy"):
         speculative_generate(
-            verifier, drafter, prompt, max_new_tokens=5, gamma=6, acceptance="standard", temperature=0
+            verifier,
+            drafter,
+            prompt,
+            max_new_tokens=5,
+            gamma=6,
+            acceptance="standard",
+            temperature=0,
+            tree=None,
         )

@@ -8,6 +8,7 @@ counts with the verifier's exact sequence probabilities (Pearson chi-square). Th
 import pytest
 import torch
 
+from helpers import tree_for
 from specdiff_lightning import DiffusionDrafter, speculative_generate, verifier_generate
 from specdiff_lightning.decoding import AcceptanceRule, GreedyAcceptance, Verdict, accept_standard
 from specdiff_lightning.models import tiny_model
@@ -35,6 +36,8 @@ def drafter():
 
 def _speculative_counts(verifier, drafter, num_samples=SAMPLES, seed=0, **kwargs):
     generator = torch.Generator().manual_seed(seed)
+    # auto-sized trees where the rule verifies them (greedy), the drafts as drawn otherwise
+    kwargs.setdefault("tree", tree_for(kwargs.get("acceptance", "greedy")))
 
     def draw():
         out = speculative_generate(

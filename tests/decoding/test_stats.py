@@ -41,6 +41,7 @@ def test_stats_of_a_generation_that_stops_at_eos_mid_round():
         gamma=8,
         temperature=0,
         eos_token_id=ref[stop],
+        tree=None,  # the oracle's whole window, as drawn
     )
     assert out.sequences[0, 4:].tolist() == ref[: stop + 1]
     stats = out.stats

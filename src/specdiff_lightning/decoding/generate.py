@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 from .acceptance import AcceptanceRule, Verdict, get_acceptance_rule
-from .drafting import Drafter
+from .attention import check_custom_mask_support
+from .autotree import auto_tree
+from .drafting import Drafter, DrafterWrapper
 from .sampling import logits_to_probs, restrict_vocab, sample_tokens
 from .stats import DecodingStats, GenerationOutput, RoundStats
 from .timing import RoundProfiler
@@ -17,7 +19,7 @@ from .tree import build_tree, tree_probs
 from .validation import check_context, check_prompt, check_sampling, check_vocab
 from .verifier import TreeVerifier
 
-__all__ = ["speculative_generate", "verifier_generate"]
+__all__ = ["speculative_generate", "verifier_generate", "check_tree", "TREE_CHOICES"]
 
 
 def _eos_set(verifier: nn.Module, eos_token_id: int | list[int] | None) -> set[int]:
@@ -32,6 +34,7 @@ def _eos_set(verifier: nn.Module, eos_token_id: int | list[int] | None) -> set[i
 
 
 def _check_common(verifier, input_ids, max_new_tokens, temperature, top_k, top_p) -> None:
+    check_custom_mask_support(verifier, "verifier")
     check_prompt(input_ids, int(verifier.config.vocab_size))
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -52,6 +55,34 @@ def _check_drafting(gamma, num_drafts, draft_temperature, rule: AcceptanceRule) 
             f"num_drafts={num_drafts}. Use acceptance='greedy' (lossless under self-selection) or "
             f"'recursive' for K > 1, or set num_drafts=1."
         )
+
+
+#: the values of ``speculative_generate(tree=...)``
+TREE_CHOICES = ("auto", None)
+
+
+def check_tree(tree, rule: AcceptanceRule) -> None:
+    """``tree`` must be ``"auto"`` or None, and ``"auto"`` needs a rule that verifies shaped trees."""
+    if tree not in TREE_CHOICES:
+        raise ValueError(
+            f"tree must be 'auto' (sized for this machine each round) or None (the drafts as drawn: "
+            f"num_drafts x gamma), got {tree!r}; fixed shapes: wrap the drafter in AdaptiveDrafter / "
+            f"LookupAugmentedDrafter"
+        )
+    if tree == "auto" and not rule.ragged:
+        raise ValueError(
+            f"tree='auto' chooses drafts knowing the drafter's marginals, which acceptance={rule.name!r} "
+            f"cannot verify exactly (it needs the drafts as sampled from q). Use acceptance='greedy' "
+            f"(lossless for any drafts) with tree='auto', or keep acceptance={rule.name!r} with tree=None"
+        )
+
+
+def _shaped(drafter: Drafter, verifier: nn.Module, tree) -> Drafter:
+    """The drafter the loop drafts with: sized by :func:`auto_tree` for ``tree='auto'``, unless the
+    caller already shaped it (a :class:`DrafterWrapper`: adaptive cuts, lookups, an auto tree)."""
+    if tree is None or isinstance(drafter, DrafterWrapper):
+        return drafter
+    return auto_tree(drafter, verifier)
 
 
 class _Output:
@@ -161,6 +192,7 @@ def speculative_generate(
     max_time: float | None = None,
     profiler: RoundProfiler | None = None,
     streamer=None,
+    tree: str | None = "auto",
 ) -> GenerationOutput:
     """Losslessly decode ``verifier`` with drafts from ``drafter`` (SpecDiff-2, METHOD.md §2–4).
 
@@ -187,6 +219,12 @@ def speculative_generate(
         profiler: a :class:`RoundProfiler` to split each round's time into phases.
         streamer: an object with ``put(token_ids)`` / ``end()`` (HF ``TextStreamer`` protocol): gets
             the prompt, then each round's emitted tokens as they are accepted.
+        tree: ``"auto"`` (default): each round verifies the draft tree that maximises expected tokens
+            per second on this machine (:mod:`~specdiff_lightning.decoding.autotree`: the drafter's
+            calibrated confidences, its runner-ups, the K drafts, context copies, and the verifier's
+            measured cost; plain decoding when nothing pays); ``greedy`` acceptance only. A drafter
+            already wrapped (:class:`AdaptiveDrafter`, :class:`LookupAugmentedDrafter`) keeps its
+            shape. None: the drafts as drawn (K windows of gamma), as ``standard`` / ``recursive`` need.
 
     Returns:
         :class:`GenerationOutput` with ``sequences[1, L + new]`` and per-round ``stats``.
@@ -194,7 +232,9 @@ def speculative_generate(
     _check_common(verifier, input_ids, max_new_tokens, temperature, top_k, top_p)
     rule = get_acceptance_rule(acceptance)
     _check_drafting(gamma, num_drafts, draft_temperature, rule)
+    check_tree(tree, rule)
     vocab = check_vocab(verifier, drafter.vocab_size, drafter.vocab_limit)
+    drafter = _shaped(drafter, verifier, tree)
 
     drafter.reset()
     out = _Output(input_ids, max_new_tokens, _eos_set(verifier, eos_token_id), streamer, max_time)

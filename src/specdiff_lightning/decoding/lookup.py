@@ -13,7 +13,35 @@ import torch
 
 from .drafting import DrafterWrapper, Proposal
 
-__all__ = ["lookup_continuation", "lookup_continuations", "LookupAugmentedDrafter"]
+__all__ = ["lookup_continuation", "lookup_continuations", "lookup_matches", "LookupAugmentedDrafter"]
+
+
+def lookup_matches(
+    context: list[int],
+    gamma: int,
+    max_ngram: int = 3,
+    min_ngram: int = 1,
+    limit: int = 1,
+    ngram_lengths: dict[int, int] | None = None,
+) -> list[tuple[int, list[int]]]:
+    """Up to ``limit`` distinct runs that followed earlier occurrences of the context's last n-gram,
+    each with the n it matched: longest n first (``max_ngram`` down to ``min_ngram``), the most
+    recent occurrence first; a run after an n-gram match holds at most ``ngram_lengths.get(n, gamma)``
+    tokens (and at most gamma)."""
+    found: list[tuple[int, list[int]]] = []
+    length = len(context)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        size = min(gamma, (ngram_lengths or {}).get(n, gamma))
+        tail = context[length - n :]
+        # Scan backwards: the most recent match is the likeliest to continue the same way.
+        for start in range(length - n - 1, -1, -1):
+            if context[start : start + n] == tail:
+                follow = context[start + n : start + n + size]
+                if follow and all(follow != run for _, run in found):
+                    found.append((n, follow))
+                    if len(found) == limit:
+                        return found
+    return found
 
 
 def lookup_continuations(
@@ -24,23 +52,8 @@ def lookup_continuations(
     limit: int = 1,
     ngram_lengths: dict[int, int] | None = None,
 ) -> list[list[int]]:
-    """Up to ``limit`` distinct runs that followed earlier occurrences of the context's last n-gram:
-    longest n first (``max_ngram`` down to ``min_ngram``), the most recent occurrence first; a run
-    after an n-gram match holds at most ``ngram_lengths.get(n, gamma)`` tokens (and at most gamma)."""
-    found: list[list[int]] = []
-    length = len(context)
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        size = min(gamma, (ngram_lengths or {}).get(n, gamma))
-        tail = context[length - n :]
-        # Scan backwards: the most recent match is the likeliest to continue the same way.
-        for start in range(length - n - 1, -1, -1):
-            if context[start : start + n] == tail:
-                follow = context[start + n : start + n + size]
-                if follow and follow not in found:
-                    found.append(follow)
-                    if len(found) == limit:
-                        return found
-    return found
+    """The runs of :func:`lookup_matches`, without their match lengths."""
+    return [run for _, run in lookup_matches(context, gamma, max_ngram, min_ngram, limit, ngram_lengths)]
 
 
 def lookup_continuation(context: list[int], gamma: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:

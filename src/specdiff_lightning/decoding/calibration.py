@@ -1,0 +1,230 @@
+"""Measuring the machine: the verifier's forward cost over n new tokens, cached per machine.
+
+:func:`measure_cost_model` times forwards over ``n`` new tokens through a tree mask after a KV cache
+of a few context lengths, repeated and interleaved (every size in turn within a repeat, so a machine
+that speeds up or slows down shifts all sizes alike), medians made non-decreasing in n. It takes
+seconds. :func:`cost_model_for` memoises it in the process and caches it on disk per (machine, model,
+dtype, device), written atomically; a file that is corrupt, of another version, or measured for
+another key is rebuilt. :func:`machine_info` says what the machine is (the CPU's model and the flags
+that decide its kernels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..paths import cache_root
+from .attention import to_model_mask
+from .costmodel import COST_MODEL_VERSION, CostModel, isotonic
+from .timing import now
+
+__all__ = [
+    "machine_info",
+    "calibration_key",
+    "calibration_dir",
+    "measure_cost_model",
+    "cost_model_for",
+    "load_cost_model",
+    "save_cost_model",
+    "DEFAULT_NODES",
+    "DEFAULT_CONTEXTS",
+]
+
+DEFAULT_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+DEFAULT_CONTEXTS = (64, 512)
+#: CPU flags that decide which kernels torch runs (bf16 matrix units or emulation)
+_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni")
+#: environment variables that change the kernels torch picks (the AVX2 emulation sets them)
+_KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+_MEMO: dict[str, CostModel] = {}
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return model, flags
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name == "model name" and value.strip():
+            model = value.strip()
+        elif name in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    return model, flags
+
+
+def machine_info(device: torch.device | str = "cpu") -> dict:
+    """What decides the speed here: the CPU model and its kernel-relevant flags, torch's CPU kernel
+    level, threads, kernel-selecting environment variables and, on a GPU, its name."""
+    model, flags = _cpuinfo()
+    info = {
+        "cpu": model,
+        "cpu_flags": [f for f in _FLAGS if f in flags],
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__.split("+")[0],
+        "env": {k: os.environ[k] for k in _KERNEL_ENV if k in os.environ},
+    }
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def _model_id(model: nn.Module) -> dict:
+    config = model.config
+    return {
+        "name": str(getattr(config, "_name_or_path", "") or type(model).__name__),
+        "class": type(model).__name__,
+        "layers": int(getattr(config, "num_hidden_layers", 0)),
+        "hidden": int(getattr(config, "hidden_size", 0)),
+        "heads": int(getattr(config, "num_attention_heads", 0)),
+        "kv_heads": int(getattr(config, "num_key_value_heads", 0) or 0),
+        "vocab": int(getattr(config, "vocab_size", 0)),
+        "attention": str(getattr(config, "_attn_implementation", "")),
+    }
+
+
+def calibration_key(model: nn.Module) -> dict:
+    """What a cost model is valid for: this machine, this model's shape, its dtype and device."""
+    param = next(model.parameters())
+    return {
+        "machine": machine_info(param.device),
+        "model": _model_id(model),
+        "dtype": str(param.dtype).removeprefix("torch."),
+        "device": param.device.type,
+        "version": COST_MODEL_VERSION,
+    }
+
+
+def _key_hash(key: dict) -> str:
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def calibration_dir() -> Path:
+    """``$SPECDIFF_CALIBRATION_DIR`` or ``<cache root>/calibration``."""
+    return Path(os.environ.get("SPECDIFF_CALIBRATION_DIR", cache_root() / "calibration"))
+
+
+def _path(key: dict, directory: Path | None) -> Path:
+    return (directory or calibration_dir()) / f"{key['dtype']}-{_key_hash(key)}.json"
+
+
+def save_cost_model(model: CostModel, path: str | os.PathLike) -> Path:
+    """Write ``model`` as JSON atomically (a temporary file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(model.to_dict(), f, indent=1)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load_cost_model(path: str | os.PathLike, key: dict | None = None) -> CostModel | None:
+    """The cost model in ``path``, or None when it is missing, corrupt, of another version or (with
+    ``key``) measured for another machine, model, dtype or device."""
+    try:
+        model = CostModel.from_dict(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        warnings.warn(f"calibration file {path} is unreadable ({err}); measuring again", stacklevel=2)
+        return None
+    if key is not None and model.key != key:
+        return None
+    return model
+
+
+def _forward(model: nn.Module, cache, context: int, n: int, device, dtype) -> float:
+    """Seconds of one forward over ``n`` new tokens (a chain: a tree mask of the same size costs the
+    same) after ``context`` cached ones; the cache is cropped back afterwards."""
+    allowed = torch.ones(1, n, context + n, dtype=torch.bool, device=device)
+    allowed[0, :, context:] = torch.tril(torch.ones(n, n, dtype=torch.bool, device=device))
+    tokens = torch.randint(0, int(model.config.vocab_size), (1, n), device=device)
+    mask = to_model_mask(allowed, model, dtype)
+    positions = torch.arange(context, context + n, device=device)[None]
+    start = now(device)
+    model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+    elapsed = now(device) - start
+    cache.crop(-n)
+    return elapsed
+
+
+@torch.no_grad()
+def measure_cost_model(
+    model: nn.Module,
+    nodes: tuple[int, ...] = DEFAULT_NODES,
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
+    repeats: int = 5,
+    seed: int = 0,
+) -> CostModel:
+    """Time ``model``'s forward over each of ``nodes`` new tokens after each of ``contexts`` cached
+    ones (``repeats`` interleaved passes after one warm-up pass; medians, made non-decreasing in n).
+
+    Random token ids stand in for text: the cost depends on shapes, not on which tokens."""
+    from transformers import DynamicCache
+
+    start = time.perf_counter()
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None:
+        contexts = tuple(c for c in contexts if c + max(nodes) <= limit) or (max(1, limit - max(nodes)),)
+    gen = torch.Generator().manual_seed(seed)
+    caches = {}
+    for context in contexts:
+        ids = torch.randint(0, int(model.config.vocab_size), (1, context), generator=gen).to(device)
+        caches[context] = DynamicCache(config=model.config)
+        model(input_ids=ids, cache=caches[context], use_cache=True, logits_to_keep=1)
+    times = {(c, n): [] for c in contexts for n in nodes}
+    for r in range(repeats + 1):
+        for c in contexts:
+            for n in nodes:
+                elapsed = _forward(model, caches[c], c, n, device, dtype)
+                if r:  # the first pass warms kernels and allocator
+                    times[(c, n)].append(elapsed)
+    table = [isotonic([statistics.median(times[(c, n)]) * 1e3 for n in nodes]) for c in contexts]
+    return CostModel(
+        list(nodes), list(contexts), table, calibration_key(model), seconds=time.perf_counter() - start
+    )
+
+
+def cost_model_for(
+    model: nn.Module, *, directory: str | os.PathLike | None = None, refresh: bool = False, **measure
+) -> CostModel:
+    """The cost model of ``model`` on this machine: from this process's memo, else the disk cache,
+    else measured now (seconds) and cached. ``refresh``: measure again whatever is cached."""
+    key = calibration_key(model)
+    memo = _key_hash(key) + str(directory)
+    if not refresh and memo in _MEMO:
+        return _MEMO[memo]
+    path = _path(key, Path(directory) if directory is not None else None)
+    cost = None if refresh else load_cost_model(path, key)
+    if cost is None:
+        cost = measure_cost_model(model, **measure)
+        try:
+            save_cost_model(cost, path)
+        except OSError as err:  # a read-only home: measuring each process is slower, not wrong
+            warnings.warn(f"could not cache the calibration in {path} ({err})", stacklevel=2)
+    _MEMO[memo] = cost
+    return cost
