@@ -21,6 +21,8 @@ _EXPORTS = {
     "AutoregressiveDrafter": "specdiff_lightning.models",
     "DiffusionDrafter": "specdiff_lightning.models",
     "streak_loss": "specdiff_lightning.training.losses",
+    "load_pair": "specdiff_lightning.pairs",
+    "SHIPPED_PAIRS": "specdiff_lightning.pairs",
 }
 
 __all__ = [
@@ -29,6 +31,8 @@ __all__ = [
     "DecodingStats",
     "DiffusionDrafter",
     "GenerationOutput",
+    "SHIPPED_PAIRS",
+    "load_pair",
     "speculative_generate",
     "streak_loss",
     "verifier_generate",
@@ -43,6 +47,7 @@ if TYPE_CHECKING:
         verifier_generate,
     )
     from .models import AutoregressiveDrafter, DiffusionDrafter
+    from .pairs import SHIPPED_PAIRS, load_pair
     from .training.losses import streak_loss
 
 

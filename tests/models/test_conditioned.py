@@ -164,9 +164,12 @@ def test_a_head_over_the_first_ids_drafts_only_those_and_stays_lossless():
             logits[name] = d._cached_logits(ids, 4)[0]
     torch.testing.assert_close(logits["small"][:, :20], logits["full"][:, :20])
     assert torch.isneginf(logits["small"][:, 20:]).all()
-    out = speculative_generate(verifier, small, ids, max_new_tokens=16, gamma=4, temperature=0)
+    # the drafter's own drafts (tree=None: no context copies, which may hold any id)
+    out = speculative_generate(verifier, small, ids, max_new_tokens=16, gamma=4, temperature=0, tree=None)
     assert torch.equal(out.sequences, reference_greedy(verifier, ids, 16))
     assert all(t < 20 for r in out.stats.rounds for t in r.draft)
+    auto = speculative_generate(verifier, small, ids, max_new_tokens=16, gamma=4, temperature=0)
+    assert torch.equal(auto.sequences, reference_greedy(verifier, ids, 16))
     with pytest.raises(ValueError, match="head_vocab"):
         ConditionedDrafter(drafter.model, drafter.fusion, LAYERS, drafter.mask_token_id, head_vocab=0)
 
@@ -188,6 +191,7 @@ def test_drafts_stop_at_the_trained_block_when_gamma_is_larger():
             temperature=0,
             acceptance=acceptance,
             eos_token_id=[],
+            tree=None,  # the block's cap, as drawn
         )
         assert torch.equal(out.sequences, ref)
         assert all(r.drafted <= (5 if d is not capped else 3) for r in out.stats.rounds)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from helpers import reference_greedy
+from helpers import reference_greedy, tree_for
 from specdiff_lightning import AutoregressiveDrafter, DiffusionDrafter, speculative_generate
 from specdiff_lightning.decoding import TreeVerifier, drafting, logits_to_probs
 from specdiff_lightning.decoding.drafting import Proposal, derived_generator, share_vocabulary
@@ -132,6 +132,7 @@ def test_padded_pair_decodes_greedy_exact(verifier_vocab, drafter_vocab, accepta
     out = speculative_generate(
         verifier, drafter, prompt, max_new_tokens=16, gamma=4, num_drafts=num_drafts,
         acceptance=acceptance, temperature=0, generator=torch.Generator().manual_seed(0),
+        tree=tree_for(acceptance),
     )  # fmt: skip
     # The target is the verifier restricted to the shared ids: generate() with the padding ids suppressed
     # (random padding rows here, so this also shows they are never proposed nor emitted).
@@ -189,6 +190,6 @@ def test_sliding_window_autoregressive_drafter_is_greedy_exact():
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
     out = speculative_generate(
         verifier, AutoregressiveDrafter(model), prompt, max_new_tokens=20, gamma=4, acceptance="standard",
-        temperature=0,
+        temperature=0, tree=None,
     )  # fmt: skip
     assert out.sequences.tolist() == reference_greedy(verifier, prompt, 20).tolist()

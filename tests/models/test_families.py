@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM
 
-from helpers import reference_greedy
+from helpers import reference_greedy, tree_for
 from hub_layout import reference_logits, write_diffullama, write_dream, write_llada
 from specdiff_lightning import DiffusionDrafter, speculative_generate
 from specdiff_lightning.models import DRAFTER_FAMILIES, tiny_model
@@ -87,6 +87,7 @@ def test_speculative_generate_is_greedy_exact(hub, acceptance, num_drafts):
         temperature=0,
         draft_temperature=1.5,
         generator=torch.Generator().manual_seed(0),
+        tree=tree_for(acceptance),
     )
     assert out.sequences.tolist() == ref.tolist()
 

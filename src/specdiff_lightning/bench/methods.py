@@ -128,6 +128,12 @@ def default_methods(cfg: DecodingConfig, with_ar: bool) -> list[BenchMethod]:
             key="specdiff_k1_standard",
         ),
         BenchMethod(
+            "SpecDiff-2 (tree: auto)",
+            "diffusion",
+            {"acceptance": "greedy", "tree": "auto"},
+            key="specdiff2_auto",
+        ),
+        BenchMethod(
             "SpecDiff-2 (K=1, greedy)",
             "diffusion",
             {"num_drafts": 1, "acceptance": "greedy"},
@@ -158,7 +164,9 @@ def setting_methods(settings: list[dict]) -> list[BenchMethod]:
         extra = {name: setting.pop(name) for name in ("key", "dtype", "drafter") if name in setting}
         plain = {k: v for k, v in setting.items() if k not in ("tree", "lookup")}
         label = ", ".join(f"{'K' if k == 'num_drafts' else k}={v}" for k, v in plain.items())
-        if setting.get("tree"):
+        if setting.get("tree") == "auto":
+            label += ", tree auto"
+        elif setting.get("tree"):
             label += ", adaptive tree"
         if setting.get("lookup"):
             label += ", +lookup"

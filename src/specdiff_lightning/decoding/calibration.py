@@ -37,11 +37,14 @@ __all__ = [
     "cost_model_for",
     "load_cost_model",
     "save_cost_model",
+    "fastest_dtype",
+    "check_dtype_runs",
     "DEFAULT_NODES",
     "DEFAULT_CONTEXTS",
+    "DTYPE_TREE_NODES",
 ]
 
-DEFAULT_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+DEFAULT_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_CONTEXTS = (64, 512)
 #: CPU flags that decide which kernels torch runs (bf16 matrix units or emulation)
 _FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni")
@@ -99,13 +102,14 @@ def _model_id(model: nn.Module) -> dict:
     }
 
 
-def calibration_key(model: nn.Module) -> dict:
-    """What a cost model is valid for: this machine, this model's shape, its dtype and device."""
+def calibration_key(model: nn.Module, dtype: torch.dtype | None = None) -> dict:
+    """What a cost model is valid for: this machine, this model's shape, its dtype (or ``dtype``:
+    the key the model would have in it) and device."""
     param = next(model.parameters())
     return {
         "machine": machine_info(param.device),
         "model": _model_id(model),
-        "dtype": str(param.dtype).removeprefix("torch."),
+        "dtype": str(dtype or param.dtype).removeprefix("torch."),
         "device": param.device.type,
         "version": COST_MODEL_VERSION,
     }
@@ -175,7 +179,7 @@ def measure_cost_model(
     model: nn.Module,
     nodes: tuple[int, ...] = DEFAULT_NODES,
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
-    repeats: int = 5,
+    repeats: int = 3,
     seed: int = 0,
 ) -> CostModel:
     """Time ``model``'s forward over each of ``nodes`` new tokens after each of ``contexts`` cached
@@ -228,3 +232,51 @@ def cost_model_for(
             warnings.warn(f"could not cache the calibration in {path} ({err})", stacklevel=2)
     _MEMO[memo] = cost
     return cost
+
+
+#: the tree size whose forward decides the fastest dtype: a typical round's tree (a one-token step
+#: alone would mislead where bf16 is emulated: its step is faster, its multi-token forwards far slower)
+DTYPE_TREE_NODES = 8
+#: the context length at which dtypes are compared
+DTYPE_CONTEXT = 256
+
+
+def check_dtype_runs(dtype: torch.dtype, device: torch.device | str) -> None:
+    """Raise a clear ``ValueError`` when ``device`` cannot run matrix products in ``dtype``."""
+    device = torch.device(device)
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(
+            f"this GPU ({torch.cuda.get_device_name(device)}) cannot run bfloat16; use dtype='float16', "
+            f"'float32' or 'auto'"
+        )
+    try:
+        a = torch.ones(2, 2, dtype=dtype, device=device)
+        (a @ a).sum().item()
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"{device.type} cannot run {str(dtype).removeprefix('torch.')} here ({err}); use 'float32' or 'auto'"
+        ) from None
+
+
+def fastest_dtype(model: nn.Module, candidates: tuple[torch.dtype, ...] | None = None) -> torch.dtype:
+    """The dtype in which ``model`` runs a typical draft tree's forward fastest on this machine.
+
+    On a CPU: float32 or bfloat16, compared by their cost models at a tree of
+    :data:`DTYPE_TREE_NODES` nodes (cached; the first call measures each, casting a copy of the
+    model). On a GPU: bfloat16 where supported, else float16, unmeasured (float32 decodes slower on
+    every GPU this project targets)."""
+    import copy
+
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    candidates = candidates or (torch.float32, torch.bfloat16)
+    own = next(model.parameters()).dtype
+    costs = {}
+    for dtype in candidates:
+        key = calibration_key(model, dtype)
+        cost = load_cost_model(_path(key, None), key)
+        if cost is None:
+            cost = cost_model_for(model if dtype == own else copy.deepcopy(model).to(dtype))
+        costs[dtype] = cost.verifier_cost(DTYPE_TREE_NODES, DTYPE_CONTEXT)
+    return min(costs, key=costs.get)

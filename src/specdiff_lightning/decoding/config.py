@@ -23,13 +23,19 @@ class DecodingConfig:
     drafter's trained window: :class:`~specdiff_lightning.training.DrafterDistillation` fills in
     its ``gamma``, so a config names the window once.
 
-    ``tree`` and ``lookup`` shape each round's draft tree (``greedy`` acceptance only; lossless for
-    any shape): ``tree`` holds the options of :class:`~specdiff_lightning.decoding.AdaptiveDrafter`
-    (``min_confidence``, ``siblings``, ``branch_width``, ``mode_first``), ``lookup`` is True or the
-    options of :class:`~specdiff_lightning.decoding.LookupAugmentedDrafter` (``num_lookups``,
+    ``tree`` shapes each round's draft tree (``greedy`` acceptance only; lossless for any shape):
+    ``auto`` (default) sizes it each round for this machine (the verifier's measured cost and the
+    drafter's calibrated confidences, :mod:`~specdiff_lightning.decoding.autotree`: runner-ups,
+    the K drafts and context copies join where they pay; plain decoding where nothing does); null
+    keeps the drafts as drawn (K windows of gamma: what ``standard`` / ``recursive`` need); a
+    mapping is a fixed shape, the options of :class:`~specdiff_lightning.decoding.AdaptiveDrafter`
+    (``min_confidence``, ``siblings``, ``branch_width``, ``mode_first``), with ``lookup`` True or
+    the options of :class:`~specdiff_lightning.decoding.LookupAugmentedDrafter` (``num_lookups``,
     ``ngram_lengths``, ``max_ngram``). In YAML::
 
         decoding:
+          tree: auto                  # the default
+        decoding:                     # a fixed shape (ablations)
           tree: {min_confidence: 0.1, siblings: [0]}
           lookup: {num_lookups: 2, ngram_lengths: {1: 2, 2: 5}}
     """
@@ -43,16 +49,19 @@ class DecodingConfig:
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 0
-    tree: dict | None = None
+    tree: dict | str | None = "auto"
     lookup: bool | dict = False
 
     def __post_init__(self) -> None:
+        from .acceptance import get_acceptance_rule
+        from .generate import check_tree
+
         # a misspelt option fails here, naming the config key, not later inside a wrapper's __init__
         for name, value, wrapper in (
             ("tree", self.tree, AdaptiveDrafter),
             ("lookup", self.lookup, LookupAugmentedDrafter),
         ):
-            if value is None or value is False or (name == "lookup" and value is True):
+            if value is None or value is False or (name == "lookup" and value is True) or value == "auto":
                 continue
             if not isinstance(value, dict):
                 raise ValueError(
@@ -64,6 +73,13 @@ class DecodingConfig:
                 raise ValueError(
                     f"decoding.{name} has unknown option(s) {unknown}; {wrapper.__name__} takes {sorted(known)}"
                 )
+        if isinstance(self.tree, str):
+            check_tree(self.tree, get_acceptance_rule(self.acceptance))  # 'auto' with greedy only
+            if self.lookup:
+                raise ValueError(
+                    "decoding.lookup shapes a fixed tree (decoding.tree: a mapping or null); tree: auto "
+                    "offers context copies itself. Drop decoding.lookup, or give a fixed decoding.tree"
+                )
 
     def with_gamma(self, gamma: int) -> DecodingConfig:
         """This config, with ``gamma`` filled in where it was left unset."""
@@ -73,13 +89,16 @@ class DecodingConfig:
         if self.gamma is None:
             raise ValueError("DecodingConfig.gamma is unset: give a draft window, or use with_gamma(...)")
         kwargs = asdict(self)
-        for name in ("seed", "tree", "lookup"):  # not speculative_generate's: see shape_drafter
+        for name in ("seed", "lookup"):  # not speculative_generate's: see shape_drafter
             kwargs.pop(name)
+        # a fixed shape wraps the drafter (shape_drafter); 'auto' is the loop's own sizing
+        kwargs["tree"] = "auto" if self.tree == "auto" else None
         return kwargs
 
     def shape_drafter(self, drafter: Drafter) -> Drafter:
-        """``drafter`` wrapped to shape its drafts as ``tree`` and ``lookup`` say (itself if neither)."""
-        if self.tree:
+        """``drafter`` wrapped to shape its drafts as a fixed ``tree`` and ``lookup`` say (itself if
+        neither, or for ``tree: auto``, which :func:`speculative_generate` sizes each round)."""
+        if isinstance(self.tree, dict) and self.tree:
             drafter = AdaptiveDrafter(drafter, **self.tree)
         if self.lookup:
             drafter = LookupAugmentedDrafter(

@@ -58,11 +58,20 @@ def load_verifier(
             the few masked queries of a draft tree, :mod:`specdiff_lightning.decoding.attention`),
             ``"sdpa"`` or ``"eager"``.
         tiny: sizes for a tiny preset (``vocab_size``, ``hidden_size``, ``num_layers``, ``seed``...).
+        dtype: a dtype, or ``"auto"`` (default): the one this machine runs the model fastest in
+            (:func:`~specdiff_lightning.decoding.calibration.fastest_dtype`: on a CPU float32 or
+            bfloat16 by their measured cost of a draft tree's forward, cached per machine; on a GPU
+            bfloat16 where supported). Tiny presets are test models: "auto" is float32 for them.
+            ``model.dtype_choice`` says what "auto" chose.
         model_kwargs: passed to ``from_pretrained`` (``device_map``, ``revision``...).
     """
+    from ..decoding.calibration import check_dtype_runs, fastest_dtype
+
     dtype = resolve_dtype(dtype)
+    auto = dtype == "auto" or dtype is None
     if spec.startswith(TINY_PREFIX):
-        model = _tiny(spec, tiny, dtype, attn_implementation)
+        model = _tiny(spec, tiny, torch.float32 if auto else dtype, attn_implementation)
+        auto = False
     else:
         if spec in NAMED_VERIFIERS:
             spec = str(NAMED_VERIFIERS[spec]())
@@ -71,6 +80,13 @@ def load_verifier(
         )
     model.eval()
     model.requires_grad_(False)
+    if auto:
+        chosen = fastest_dtype(model)
+        if chosen != model.dtype:
+            model.to(chosen)
+        model.dtype_choice = f"auto: {str(chosen).removeprefix('torch.')} (fastest measured here)"
+    else:
+        check_dtype_runs(next(model.parameters()).dtype, next(model.parameters()).device)
     return model
 
 

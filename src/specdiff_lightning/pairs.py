@@ -1,0 +1,118 @@
+"""Shipped verifier + drafter pairs, loaded in one call with the settings recommended for them.
+
+>>> pair = load_pair("smollm2-135m-instruct")            # dtype "auto": the fastest here
+>>> out = pair.generate("Write a Python function that reverses a string.", max_new_tokens=64)
+>>> print(pair.decode(out))
+
+``generate`` decodes through :func:`~specdiff_lightning.speculative_generate` with greedy
+(lossless) acceptance and ``tree="auto"``: each round's draft tree is sized for this machine from
+its measured verifier cost, so on a machine where drafting does not pay it decodes as plain
+decoding does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["PairSpec", "SHIPPED_PAIRS", "LoadedPair", "load_pair", "assets_dir"]
+
+
+def assets_dir() -> Path:
+    """The repository's ``assets/`` (the shipped drafters live beside the package's source)."""
+    return Path(__file__).resolve().parents[2] / "assets"
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """One shipped pair: the verifier's spec, the drafter's folder under :func:`assets_dir`, its
+    loading options and the decoding settings recommended for it."""
+
+    verifier: str
+    drafter: str
+    summary: str
+    drafter_options: dict = field(default_factory=dict)
+    decoding: dict = field(default_factory=dict)
+
+
+#: name -> pair; a name is what ``load_pair`` takes
+SHIPPED_PAIRS: dict[str, PairSpec] = {
+    "smollm2-135m-instruct": PairSpec(
+        verifier="smollm2-135m-instruct",
+        drafter="smollm2/drafter_conditioned",
+        summary="SmolLM2-135M-Instruct + its 2-layer drafter reading the verifier's hidden states",
+        # the head over the first 8,192 ids and a 256-position prefix window: docs/drafters.md
+        drafter_options={"head_vocab": 8192, "cache_window": 256},
+        decoding={"gamma": 8, "acceptance": "greedy", "tree": "auto"},
+    ),
+}
+
+
+@dataclass
+class LoadedPair:
+    """A verifier, its drafter and tokenizer, in ``dtype``, ready to decode."""
+
+    name: str
+    verifier: torch.nn.Module
+    drafter: object
+    tokenizer: object
+    dtype: torch.dtype
+    decoding: dict
+
+    def encode(self, prompt: str) -> torch.Tensor:
+        """``LongTensor[1, L]``: ``prompt`` as a user turn through the chat template."""
+        from .data.tokenization import encode_prompt
+
+        return torch.tensor([encode_prompt(self.tokenizer, prompt)], device=self.verifier.device)
+
+    def generate(
+        self, input_ids: torch.Tensor | str, max_new_tokens: int = 128, temperature: float = 0.0, **overrides
+    ):
+        """Decode ``input_ids`` (``LongTensor[1, L]``, or a prompt string for the chat template) with
+        the recommended settings; ``overrides`` go to :func:`speculative_generate`. Returns what
+        it returns (a :class:`~specdiff_lightning.GenerationOutput`)."""
+        from .decoding.generate import speculative_generate
+
+        if isinstance(input_ids, str):
+            input_ids = self.encode(input_ids)
+        kwargs = {**self.decoding, **overrides}
+        return speculative_generate(
+            self.verifier,
+            self.drafter,
+            input_ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            **kwargs,
+        )
+
+    def decode(self, output, prompt_length: int | None = None) -> str:
+        """The generated text of ``output`` (a :class:`GenerationOutput`), special tokens dropped."""
+        new = output.sequences[0, -output.stats.new_tokens :] if output.stats.new_tokens else []
+        return self.tokenizer.decode(new, skip_special_tokens=True)
+
+
+def load_pair(name: str, dtype: str | torch.dtype = "auto", assets: str | Path | None = None) -> LoadedPair:
+    """Load a shipped pair by name (:data:`SHIPPED_PAIRS`) in ``dtype`` ("auto": the fastest on
+    this machine, measured once and cached)."""
+    from transformers import AutoTokenizer
+
+    from .models.conditioned import ConditionedDrafter
+    from .models.loading import NAMED_VERIFIERS, load_verifier
+
+    if name not in SHIPPED_PAIRS:
+        raise ValueError(f"unknown pair {name!r}; the shipped pairs are {sorted(SHIPPED_PAIRS)}")
+    spec = SHIPPED_PAIRS[name]
+    path = Path(assets) if assets is not None else assets_dir()
+    drafter_dir = path / spec.drafter
+    if not (drafter_dir / "slice.json").is_file():
+        raise FileNotFoundError(
+            f"the shipped drafter of {name!r} is missing ({drafter_dir}); load_pair reads it from the "
+            f"repository's assets/ (install with `pip install -e .` from a clone), or pass assets="
+        )
+    verifier = load_verifier(spec.verifier, dtype=dtype)
+    drafter = ConditionedDrafter.from_slice(verifier, drafter_dir, **spec.drafter_options)
+    source = NAMED_VERIFIERS[spec.verifier]() if spec.verifier in NAMED_VERIFIERS else spec.verifier
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    return LoadedPair(name, verifier, drafter, tokenizer, verifier.dtype, dict(spec.decoding))
