@@ -1,0 +1,142 @@
+"""tree='auto': the machine's cost model (cache, stale and corrupt files), the sizing, the fall back
+to plain decoding when nodes are expensive, and exactness (greedy identity) over auto-sized trees."""
+
+import json
+
+import pytest
+import torch
+
+from helpers import NoisyOracleDrafter, make_pair, reference_greedy
+from specdiff_lightning import speculative_generate
+from specdiff_lightning.decoding.autotree import AutoTreeDrafter, choose_tree_size
+from specdiff_lightning.decoding.calibration import (
+    calibration_key,
+    cost_model_for,
+    load_cost_model,
+    measure_cost_model,
+    save_cost_model,
+)
+from specdiff_lightning.decoding.config import DecodingConfig
+from specdiff_lightning.decoding.costmodel import CostModel, isotonic
+from specdiff_lightning.models import tiny_model
+
+
+def _flat(step_ms: float, per_node_ms: float, key=None) -> CostModel:
+    nodes = [1, 2, 4, 8, 16, 32, 64]
+    row = [step_ms + per_node_ms * (n - 1) for n in nodes]
+    return CostModel(nodes, [16, 512], [row, row], key or {})
+
+
+def test_isotonic_makes_a_noisy_cost_curve_non_decreasing():
+    assert isotonic([1.0, 1.5, 1.4, 2.0]) == [1.0, 1.45, 1.45, 2.0]
+    assert isotonic([3.0, 2.0, 1.0]) == [2.0, 2.0, 2.0]
+
+
+def test_cost_model_interpolates_and_round_trips():
+    cost = _flat(10.0, 1.0)
+    assert cost.verifier_cost(1, 100) == pytest.approx(10.0)
+    assert cost.verifier_cost(3, 100) == pytest.approx(12.0)
+    assert cost.verifier_cost(128, 100) == pytest.approx(137.0)  # extended linearly
+    assert CostModel.from_dict(json.loads(json.dumps(cost.to_dict()))) == cost
+    with pytest.raises(ValueError, match="start at 1"):
+        CostModel([2, 4], [16], [[1.0, 2.0]])
+
+
+def test_choose_tree_size_pays_only_for_likely_nodes():
+    cheap, dear = _flat(10.0, 0.1), _flat(10.0, 20.0)
+    probs = [0.9, 0.8, 0.6, 0.3, 0.1, 0.01]
+    assert choose_tree_size(probs, cheap, 100, drafting_ms=1.0).nodes >= 4
+    plain = choose_tree_size(probs, dear, 100, drafting_ms=1.0)
+    assert plain.nodes == 0 and plain.gain < 1.0
+
+
+def test_cost_model_is_measured_once_cached_and_rebuilt_when_stale_or_corrupt(tmp_path):
+    model = tiny_model("llama", vocab_size=32, hidden_size=16, num_layers=1)
+    kwargs = dict(directory=tmp_path, nodes=(1, 2, 4), contexts=(8,), repeats=1)
+    first = cost_model_for(model, **kwargs)
+    (path,) = tmp_path.glob("*.json")
+    assert load_cost_model(path, calibration_key(model)) == first
+    assert cost_model_for(model, **kwargs) is first  # memoised in the process
+    other = {**calibration_key(model), "dtype": "bfloat16"}
+    assert load_cost_model(path, other) is None  # another dtype's key: not this model's
+    path.write_text("{not json")
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert load_cost_model(path, calibration_key(model)) is None
+    rebuilt = cost_model_for(model, refresh=True, **kwargs)
+    assert load_cost_model(path, calibration_key(model)) == rebuilt
+    stale = {**rebuilt.to_dict(), "version": -1}
+    path.write_text(json.dumps(stale))
+    with pytest.warns(UserWarning, match="version"):
+        assert load_cost_model(path) is None
+    save_cost_model(rebuilt, path)  # atomic: no temporary files left behind
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_measured_cost_model_is_positive_and_non_decreasing():
+    model = tiny_model("qwen2", vocab_size=32, hidden_size=16, num_layers=1)
+    cost = measure_cost_model(model, nodes=(1, 2, 8), contexts=(4, 16), repeats=2)
+    assert cost.key["dtype"] == "float32" and cost.key["machine"]["cpu"]
+    for row in cost.verifier_ms:
+        assert all(a <= b for a, b in zip(row, row[1:], strict=False)) and row[0] > 0
+
+
+def test_expensive_nodes_fall_back_to_plain_decoding_and_stay_exact():
+    """A cost model in which every node costs a whole step: nothing pays, every round verifies the
+    pending token alone, the drafter is skipped after a few rounds, and the output is unchanged."""
+    verifier = tiny_model("qwen2", vocab_size=48, seed=3, dtype=torch.float64)
+    prompt = torch.tensor([[1, 5, 9, 2, 7]])
+    ref = reference_greedy(verifier, prompt, 30)
+    drafter = AutoTreeDrafter(NoisyOracleDrafter(verifier, noise=0.3), _flat(10.0, 10.0))
+    out = speculative_generate(
+        verifier, drafter, prompt, max_new_tokens=30, gamma=6, temperature=0, eos_token_id=[]
+    )
+    assert torch.equal(out.sequences, ref)
+    assert all(r.tree_size == 1 for r in out.stats.rounds)  # plain decoding: the root alone
+    assert drafter.counts["drafted"] == 0 and drafter.counts["skipped"] > 0  # the drafter stopped being asked
+
+
+def test_cheap_nodes_grow_trees_and_learn_the_acceptance():
+    verifier = tiny_model("qwen2", vocab_size=48, seed=4, dtype=torch.float64)
+    prompt = torch.tensor([[3, 1, 4, 1, 5]])
+    ref = reference_greedy(verifier, prompt, 40)
+    drafter = AutoTreeDrafter(NoisyOracleDrafter(verifier, noise=0.1), _flat(10.0, 0.01))
+    out = speculative_generate(
+        verifier, drafter, prompt, max_new_tokens=40, gamma=6, temperature=0, eos_token_id=[]
+    )
+    assert torch.equal(out.sequences, ref)
+    assert max(r.tree_size for r in out.stats.rounds) > 2 and out.stats.mean_accepted > 1.0
+    reached = sum(c[1] for c in drafter.calibration.cells.values())
+    assert reached > 0  # it learnt from the verdicts
+
+
+@pytest.mark.parametrize("pair", [("qwen2", "llama"), ("llama", "qwen2")])
+@pytest.mark.parametrize("num_drafts", [1, 4])
+def test_auto_trees_of_a_diffusion_drafter_are_greedy_exact(pair, num_drafts):
+    verifier, drafter = make_pair(*pair, seed=2)
+    prompt = torch.tensor([[4, 8, 15, 16, 23, 4, 8]])
+    ref = reference_greedy(verifier, prompt, 32)
+    # a cost model where nodes are nearly free: big trees, runner-ups, samples and copies all join
+    auto = AutoTreeDrafter(drafter, _flat(10.0, 0.01))
+    out = speculative_generate(
+        verifier, auto, prompt, max_new_tokens=32, gamma=6, num_drafts=num_drafts, draft_temperature=1.5,
+        temperature=0, generator=torch.Generator().manual_seed(0), eos_token_id=[],
+    )  # fmt: skip
+    assert torch.equal(out.sequences, ref)
+    assert max(r.tree_size for r in out.stats.rounds) > 6  # a branching tree, not a chain
+
+
+def test_auto_is_refused_with_rules_that_read_q():
+    with pytest.raises(
+        ValueError, match=r"acceptance='standard'.*tree: null|acceptance='standard'.*tree=None"
+    ):
+        DecodingConfig(gamma=4, acceptance="standard")
+    DecodingConfig(gamma=4, acceptance="standard", tree=None)  # drafts as drawn: accepted
+    verifier, drafter = make_pair("qwen2", "llama", seed=1)
+    with pytest.raises(ValueError, match="recursive"):
+        speculative_generate(
+            verifier, drafter, torch.tensor([[1, 2]]), max_new_tokens=3, gamma=2, acceptance="recursive"
+        )
+    with pytest.raises(ValueError, match="tree must be"):
+        speculative_generate(verifier, drafter, torch.tensor([[1, 2]]), max_new_tokens=3, gamma=2, tree="big")
+    with pytest.raises(ValueError, match="lookup"):
+        DecodingConfig(gamma=4, lookup=True)
