@@ -19,16 +19,22 @@ _EXPORTS = {
     "speculative_generate": "specdiff_lightning.decoding",
     "verifier_generate": "specdiff_lightning.decoding",
     "AutoregressiveDrafter": "specdiff_lightning.models",
+    "ConditionedDrafter": "specdiff_lightning.models",
     "DiffusionDrafter": "specdiff_lightning.models",
+    "load_drafter": "specdiff_lightning.models",
+    "load_verifier": "specdiff_lightning.models",
     "streak_loss": "specdiff_lightning.training.losses",
 }
 
 __all__ = [
     "AcceptanceRule",
     "AutoregressiveDrafter",
+    "ConditionedDrafter",
     "DecodingStats",
     "DiffusionDrafter",
     "GenerationOutput",
+    "load_drafter",
+    "load_verifier",
     "speculative_generate",
     "streak_loss",
     "verifier_generate",
@@ -42,7 +48,13 @@ if TYPE_CHECKING:
         speculative_generate,
         verifier_generate,
     )
-    from .models import AutoregressiveDrafter, DiffusionDrafter
+    from .models import (
+        AutoregressiveDrafter,
+        ConditionedDrafter,
+        DiffusionDrafter,
+        load_drafter,
+        load_verifier,
+    )
     from .training.losses import streak_loss
 
 
