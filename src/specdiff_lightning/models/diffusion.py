@@ -197,13 +197,12 @@ class DiffusionDrafter(Drafter):
             dtype = options.pop("dtype", None)
             options = {k: v for k, v in options.items() if v is not None}
             return load_slice_drafter(path, verifier, "diffusion", dtype, **options)
-        path, hub = resolve_pretrained(path, "drafter", **model_kwargs)
+        path = resolve_pretrained(path, "drafter", **model_kwargs)
         if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
             raise ValueError(
                 f"{path} is neither a Hugging Face checkpoint (no config.json) nor a saved drafter slice "
                 f"(no slice.json)"
             )
-        model_kwargs = {**hub, **model_kwargs}
         trust_remote_code = model_kwargs.pop("trust_remote_code", None)
         # Drafter options (not model ones) that may ride along in model_kwargs or the sidecar.
         drafter_options = {k: model_kwargs.pop(k) for k in ("attention", "prefix_cache") if k in model_kwargs}
@@ -275,10 +274,12 @@ class DiffusionDrafter(Drafter):
         to reload it; plain ``AutoModelForCausalLM.from_pretrained`` reloads the model too."""
         from .families import save_drafter_model
 
-        if family is None:
-            family = getattr(self, "family", None)
-        if family is None:
+        if family is None and "family" not in vars(self):
+            # built by the constructor: the family of its model_type (None on a loaded drafter means
+            # "no family": its mask id and logit shift, saved below, say everything)
             family = family_for_model_type(getattr(self.model.config, "model_type", "")) or "diffullama"
+        elif family is None:
+            family = self.family
         settings = {
             "family": family,
             "mask_token_id": self.mask_token_id,

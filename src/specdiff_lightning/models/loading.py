@@ -82,9 +82,11 @@ def load_verifier(
                 f"{spec} is a drafter slice ({SLICE_FILE}), not a verifier: load it with "
                 f"load_drafter({spec!r}, verifier=...)"
             )
-        path, hub = resolve_pretrained(spec, "verifier", **model_kwargs)
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, attn_implementation=attn_implementation, **{**hub, **model_kwargs}
+            resolve_pretrained(spec, "verifier", **model_kwargs),
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            **model_kwargs,
         )
     model.eval()
     model.requires_grad_(False)
@@ -102,8 +104,9 @@ def load_tokenizer(spec: str, **kwargs):
             f"tokenizer {spec!r} is a tiny preset, which has no tokenizer: give prompts as prompt_ids, "
             f"or a tokenizer directory / verifier name"
         )
-    path, hub = resolve_pretrained(spec, "tokenizer", "tokenizer_config.json", **kwargs)
-    return AutoTokenizer.from_pretrained(path, **{**hub, **kwargs})
+    return AutoTokenizer.from_pretrained(
+        resolve_pretrained(spec, "tokenizer", "tokenizer_config.json", **kwargs), **kwargs
+    )
 
 
 def load_drafter(

@@ -77,8 +77,8 @@ def _not_found(spec: str, what: str, why: str) -> ValueError:
 
 def resolve_pretrained(
     spec: str | os.PathLike, what: str = "model", filename: str = "config.json", **hub_kwargs
-) -> tuple[str, dict]:
-    """``(path or hub id, extra from_pretrained kwargs)`` for a spec that names files.
+) -> str:
+    """The local directory or hub id ``from_pretrained`` should read for a spec that names files.
 
     Args:
         spec: a name in :data:`NAMED_VERIFIERS` (its cached directory), a local directory, or a hub
@@ -87,17 +87,17 @@ def resolve_pretrained(
         filename: a file the checkpoint has, looked up in the local hub cache when no hub answers.
         hub_kwargs: ``cache_dir`` / ``revision`` of that look-up.
 
-    Returns ``{"local_files_only": True}`` as the extra kwargs for a hub id found in the local hub
-    cache while no hub answers (so transformers never retries); raises a one-line ``ValueError``
-    for a spec that cannot name anything here.
+    A hub id found in the local hub cache while no hub answers resolves to its cached snapshot
+    directory: transformers then never asks the hub (even ``local_files_only=True`` still retries a
+    PEFT adapter look-up for ~23 s). A spec that cannot name anything here is a one-line ``ValueError``.
     """
     spec = os.fspath(spec)
     if spec in NAMED_VERIFIERS:
-        return str(NAMED_VERIFIERS[spec]()), {}
+        return str(NAMED_VERIFIERS[spec]())
     if spec.startswith(TINY_PREFIX):
         raise ValueError(f"{what} {spec!r} is a tiny preset (a random model): it has no files to load")
     if os.path.isdir(spec):
-        return spec, {}
+        return spec
     if _looks_like_a_path(spec):
         why = " (no such directory)" if not os.path.exists(spec) else " (a file, not a directory)"
         raise _not_found(spec, what, why)
@@ -110,9 +110,10 @@ def resolve_pretrained(
         raise _not_found(spec, what, " (nor a valid hub id)") from None
     offline = hub_offline()
     if not offline and hub_reachable():
-        return spec, {}
+        return spec
     lookup = {k: hub_kwargs[k] for k in ("cache_dir", "revision") if hub_kwargs.get(k) is not None}
-    if isinstance(try_to_load_from_cache(spec, filename, **lookup), str):
-        return spec, {"local_files_only": True}
+    cached = try_to_load_from_cache(spec, filename, **lookup)
+    if isinstance(cached, str):
+        return os.path.dirname(cached)
     hub = "offline mode is set (HF_HUB_OFFLINE)" if offline else "no Hugging Face hub is reachable"
     raise _not_found(spec, what, f", and {hub} to fetch it as a hub id (it is not in the local hub cache)")
