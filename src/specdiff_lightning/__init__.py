@@ -19,7 +19,10 @@ _EXPORTS = {
     "speculative_generate": "specdiff_lightning.decoding",
     "verifier_generate": "specdiff_lightning.decoding",
     "AutoregressiveDrafter": "specdiff_lightning.models",
+    "ConditionedDrafter": "specdiff_lightning.models",
     "DiffusionDrafter": "specdiff_lightning.models",
+    "load_drafter": "specdiff_lightning.models",
+    "load_verifier": "specdiff_lightning.models",
     "streak_loss": "specdiff_lightning.training.losses",
     "load_pair": "specdiff_lightning.pairs",
     "SHIPPED_PAIRS": "specdiff_lightning.pairs",
@@ -28,11 +31,14 @@ _EXPORTS = {
 __all__ = [
     "AcceptanceRule",
     "AutoregressiveDrafter",
+    "ConditionedDrafter",
     "DecodingStats",
     "DiffusionDrafter",
     "GenerationOutput",
     "SHIPPED_PAIRS",
     "load_pair",
+    "load_drafter",
+    "load_verifier",
     "speculative_generate",
     "streak_loss",
     "verifier_generate",
@@ -46,7 +52,13 @@ if TYPE_CHECKING:
         speculative_generate,
         verifier_generate,
     )
-    from .models import AutoregressiveDrafter, DiffusionDrafter
+    from .models import (
+        AutoregressiveDrafter,
+        ConditionedDrafter,
+        DiffusionDrafter,
+        load_drafter,
+        load_verifier,
+    )
     from .pairs import SHIPPED_PAIRS, load_pair
     from .training.losses import streak_loss
 

@@ -36,13 +36,14 @@ class SpecDiffTrainer(L.Trainer):
             output_dir: where ``train-*.jsonl`` / ``val-*.jsonl`` and ``manifest.json`` go; rerun to resume.
             num_continuations: continuations per prompt (temperature sampling, default 1.0).
             val_fraction: share of prompts (by id) written to ``val-*`` shards.
-            tokenizer: tokenizer directory, needed for text prompts.
+            tokenizer: the verifier's tokenizer (a named verifier, directory or hub id), needed for
+                text prompts.
         """
         tok = None
         if tokenizer is not None:
-            from transformers import AutoTokenizer
+            from .models.loading import load_tokenizer
 
-            tok = AutoTokenizer.from_pretrained(tokenizer)
+            tok = load_tokenizer(tokenizer)
         verifier = model.verifier.to(self.strategy.root_device)
         eos = verifier.generation_config.eos_token_id
         with torch.inference_mode():
@@ -96,9 +97,12 @@ class SpecDiffTrainer(L.Trainer):
                 trees only as their own settings say, never from the config's ``decoding``.
             profile: split each round's time into draft, tree, verify, accept, cache; report the
                 loop overhead ``1 - (draft + verify) / round``.
-            ar_drafter: an AR drafter (directory/hub id or tiny preset) for SpS and HF assisted decoding.
-            extra_drafters: more drafters to compare (name -> directory), e.g. the undistilled one;
-                each gets a K=1 and a K=8 SpecDiff-2 row.
+            ar_drafter: an AR drafter for SpS and HF assisted decoding: a directory, hub id, named
+                verifier or tiny preset, or an AR slice of the verifier (``assets/smollm2/ar_drafter``).
+            ar_drafter_kwargs: its :func:`~specdiff_lightning.models.loading.load_drafter` kwargs.
+            extra_drafters: more drafters to compare (name -> any drafter spec ``load_drafter`` takes,
+                slices of the verifier included), e.g. the undistilled one; each gets a K=1 and a
+                K=8 SpecDiff-2 row.
             ckpt_path: a ``fit`` checkpoint whose drafter weights to benchmark.
         """
         from .bench import (
@@ -109,8 +113,7 @@ class SpecDiffTrainer(L.Trainer):
             sweep_methods,
             write_report,
         )
-        from .models.autoregressive import AutoregressiveDrafter
-        from .models.loading import load_drafter, load_verifier
+        from .models.loading import load_drafter
 
         _load_drafter_weights(model, ckpt_path)
         device = self.strategy.root_device
@@ -119,14 +122,20 @@ class SpecDiffTrainer(L.Trainer):
         cfg = model.decoding
         ar = None
         if ar_drafter is not None:
-            ar = AutoregressiveDrafter(load_verifier(ar_drafter, **(ar_drafter_kwargs or {})).to(device))
+            # a slice is built around the (moved) verifier; any other AR drafter is moved here
+            ar = load_drafter(
+                ar_drafter, verifier=model.verifier, kind="autoregressive", **(ar_drafter_kwargs or {})
+            )
+            ar.model.to(device)
         methods = default_methods(cfg, ar is not None) + sweep_methods(
             cfg, sweep_num_drafts or [], sweep_draft_temperature or [], sweep_gamma or [], sweep_steps or []
         )
         methods += setting_methods(settings or [])
         extras = {}
         for name, path in (extra_drafters or {}).items():
-            extra = load_drafter(path, max_prefix_tokens=model.drafter.max_prefix_tokens)
+            # the main drafter's prefix budget, where it has one (diffusion drafters)
+            budget = getattr(model.drafter, "max_prefix_tokens", None)
+            extra = load_drafter(path, verifier=model.verifier, max_prefix_tokens=budget)
             extra.model.to(device).eval()
             extras[name] = extra
             methods += extra_drafter_methods(name, cfg)

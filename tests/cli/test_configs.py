@@ -26,7 +26,16 @@ def _arch(spec: str) -> str:
 
 def _tiny_kwargs(kwargs: dict | None, vocab: int) -> dict:
     kwargs = dict(kwargs or {})
-    for key in ("device_map", "dtype", "attn_implementation", "family"):
+    # checkpoint-only options, and a conditioned drafter's (the tiny stand-in is a diffusion drafter)
+    for key in (
+        "device_map",
+        "dtype",
+        "attn_implementation",
+        "family",
+        "head_vocab",
+        "cache_window",
+        "block",
+    ):
         kwargs.pop(key, None)
     kwargs["tiny"] = {"vocab_size": vocab, "hidden_size": 32, "num_layers": 1}
     return kwargs

@@ -53,3 +53,18 @@ def test_verifier_targets_are_its_teacher_forced_argmax():
     assert feats.shape == (2, 5, 32) and not feats[1, 3:].any()  # padding rows stay zero
     again = module.verifier_features(ids, lengths)  # from the cache
     assert torch.equal(again[1], greedy) and torch.allclose(again[0], feats, atol=1e-2)
+
+
+def test_export_loads_through_load_drafter(tmp_path):
+    from specdiff_lightning.models.loading import load_drafter
+
+    module = ConditionedDrafterTraining(
+        verifier="tiny-llama", num_layers=1, feature_layers=(1,), mask_token_id=63
+    )
+    module.export(str(tmp_path / "export"))
+    verifier = load_verifier("tiny-llama", dtype=torch.float32)
+    drafter = load_drafter(str(tmp_path / "export"), verifier=verifier, cache_window=6)
+    assert type(drafter) is ConditionedDrafter and drafter.cache_window == 6 and drafter.block == 8
+    ids = torch.tensor([[5, 9, 2, 44]])
+    out = speculative_generate(verifier, drafter, ids, max_new_tokens=10, gamma=4, temperature=0)
+    assert torch.equal(out.sequences, reference_greedy(verifier, ids, 10))

@@ -66,3 +66,36 @@ def test_empty_corpus_fails_at_setup(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="no valid records|no corpus|empty"):
         SequenceDataModule(str(tmp_path / "empty.jsonl")).setup("fit")
+
+
+@pytest.mark.parametrize("objective", ["streak", "ar"])
+def test_export_is_shareable_and_loads_through_load_drafter(tmp_path, objective):
+    """What export writes (slice.json + slice.safetensors, 0755 / 0644 at umask 022) loads through the
+    one loading path into the class of its kind, around the verifier, and decodes losslessly."""
+    import os
+    import stat
+
+    from specdiff_lightning.models.loading import load_drafter
+
+    module = SliceDrafterTraining(verifier=TINY, num_layers=1, objective=objective, gamma=4, mask_token_id=63)
+    export = tmp_path / "export"
+    umask = os.umask(0o022)
+    try:
+        module.export(str(export))
+    finally:
+        os.umask(umask)
+    assert sorted(p.name for p in export.iterdir()) == ["slice.json", "slice.safetensors"]
+    assert stat.S_IMODE(export.stat().st_mode) == 0o755
+    assert {stat.S_IMODE(p.stat().st_mode) for p in export.iterdir()} == {0o644}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("export.")]  # no temporary left
+    verifier = load_verifier(TINY, dtype=torch.float32)
+    drafter = load_drafter(str(export), verifier=verifier)
+    cls = AutoregressiveDrafter if objective == "ar" else DiffusionDrafter
+    assert type(drafter) is cls and type(cls.from_pretrained(export, verifier=verifier)) is cls
+    if objective != "ar":
+        assert (drafter.mask_token_id, drafter.attention) == (63, "block_causal")
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    out = speculative_generate(
+        verifier, drafter, ids, max_new_tokens=10, gamma=4, temperature=0, eos_token_id=[]
+    )
+    assert torch.equal(out.sequences, reference_greedy(verifier, ids, 10))

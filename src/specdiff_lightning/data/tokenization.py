@@ -8,11 +8,12 @@ __all__ = ["load_tokenizer", "encode_prompt"]
 
 
 @functools.lru_cache(maxsize=4)
-def load_tokenizer(path: str):
-    """``AutoTokenizer.from_pretrained(path)``, cached (data modules call it per record)."""
-    from transformers import AutoTokenizer
+def load_tokenizer(spec: str):
+    """The tokenizer of a named verifier (``smollm2-135m-instruct``), directory or hub id
+    (:func:`specdiff_lightning.models.loading.load_tokenizer`), cached (data modules call it per record)."""
+    from ..models.loading import load_tokenizer as _load
 
-    return AutoTokenizer.from_pretrained(path)
+    return _load(spec)
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:

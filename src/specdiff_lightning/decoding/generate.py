@@ -16,7 +16,7 @@ from .sampling import logits_to_probs, restrict_vocab, sample_tokens
 from .stats import DecodingStats, GenerationOutput, RoundStats
 from .timing import RoundProfiler
 from .tree import build_tree, tree_probs
-from .validation import check_context, check_prompt, check_sampling, check_vocab
+from .validation import check_context, check_prompt, check_sampling, check_verifier_dtypes, check_vocab
 from .verifier import TreeVerifier
 
 __all__ = ["speculative_generate", "verifier_generate", "check_tree", "TREE_CHOICES"]
@@ -40,6 +40,7 @@ def _check_common(verifier, input_ids, max_new_tokens, temperature, top_k, top_p
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     check_sampling(temperature, top_k, top_p)
     check_context(verifier, input_ids.shape[1], max_new_tokens)
+    check_verifier_dtypes(verifier)
 
 
 def _check_drafting(gamma, num_drafts, draft_temperature, rule: AcceptanceRule) -> None:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["check_prompt", "check_sampling", "check_vocab", "check_tokenizers", "check_context"]
+__all__ = [
+    "check_prompt",
+    "check_sampling",
+    "check_vocab",
+    "check_tokenizers",
+    "check_context",
+    "check_verifier_dtypes",
+]
 
 
 def check_prompt(input_ids: torch.Tensor, vocab_size: int) -> None:
@@ -83,6 +90,26 @@ def check_context(verifier: nn.Module, prompt_length: int, max_new_tokens: int) 
             f"last new token is never fed back), which exceeds the verifier's context of {limit} positions; "
             f"shorten the prompt or lower max_new_tokens to {max(0, limit - prompt_length + 1)}"
         )
+
+
+def check_verifier_dtypes(verifier: nn.Module) -> None:
+    """Refuse a verifier whose input embeddings and next weight disagree in floating dtype.
+
+    A drafter sliced from its verifier shares the verifier's embeddings (``models/slicing.py``), so
+    casting the drafter alone (``drafter.model.to(torch.bfloat16)``) casts them in the verifier
+    too; its next forward would fail deep inside a matmul. Reads two parameters: no cost."""
+    embeddings = verifier.get_input_embeddings() if hasattr(verifier, "get_input_embeddings") else None
+    weight = getattr(embeddings, "weight", None)
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        return
+    other = next((p for p in verifier.parameters() if p is not weight), None)
+    if other is None or not other.is_floating_point() or other.dtype == weight.dtype:
+        return
+    raise ValueError(
+        f"the verifier's embeddings are {weight.dtype} but its other weights {other.dtype}: a drafter cut "
+        f"from this verifier shares its embeddings, so casting the drafter alone cast them too. Cast the "
+        f"verifier and the drafter together, or load the verifier in the dtype wanted and the drafter around it"
+    )
 
 
 def check_tokenizers(verifier_tokenizer, drafter_tokenizer) -> None:

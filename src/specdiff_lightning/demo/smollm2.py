@@ -95,11 +95,9 @@ def load_smollm2_pair(
     conditioned drafter (:class:`~specdiff_lightning.models.conditioned.ConditionedDrafter`)."""
     import torch
 
-    from ..models.autoregressive import AutoregressiveDrafter
-    from ..models.conditioned import CONDITIONED_KIND, ConditionedDrafter
-    from ..models.diffusion import DiffusionDrafter
-    from ..models.loading import load_verifier
-    from ..models.slicing import load_slice, slice_info
+    from ..models.conditioned import CONDITIONED_KIND
+    from ..models.kinds import slice_kind
+    from ..models.loading import load_drafter, load_verifier
 
     verifier = load_verifier(VERIFIER, dtype=getattr(torch, dtype))
     drafters = {}
@@ -107,21 +105,10 @@ def load_smollm2_pair(
         path = assets / folder
         if not path.exists():
             continue
-        if slice_info(path).get("kind") == CONDITIONED_KIND:
-            drafters[name] = ConditionedDrafter.from_slice(
-                verifier, path, head_vocab, cache_window=cache_window
-            )
-            continue
-        model, info = load_slice(verifier, path)
-        if info.get("kind") == "autoregressive":
-            drafters[name] = AutoregressiveDrafter(model)
-        else:
-            drafters[name] = DiffusionDrafter(
-                model,
-                info["mask_token_id"],
-                info["shift_logits"],
-                attention=info.get("attention", "block_causal"),
-            )
+        # every shipped kind through the one loader; the options configure the conditioned drafter
+        conditioned = slice_kind(path) == CONDITIONED_KIND
+        options = {"head_vocab": head_vocab, "cache_window": cache_window} if conditioned else {}
+        drafters[name] = load_drafter(str(path), verifier=verifier, **options)
     return verifier, drafters
 
 
@@ -360,13 +347,12 @@ def _prompts(tokenizer, problems: int, offset: int = DEV_PROBLEMS) -> list[dict]
 
 def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: str | Path = ASSETS) -> int:
     import torch
-    from transformers import AutoTokenizer
 
     from ..bench import BenchModels, check_targets, run_bench, write_report
     from ..bench.cost import drafter_cost_curve, plot_drafter_cost
     from ..data.humaneval import passes
     from ..decoding.config import DecodingConfig
-    from ..models.smollm2 import smollm2_dir
+    from ..models.loading import load_tokenizer
 
     p = SMOL_PRESETS[preset]
     out = Path(root or p.root)
@@ -381,7 +367,7 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
         "=== 1/4 verifier: SmolLM2-135M-Instruct (GGUF -> cached safetensors) and the shipped drafters ===",
         flush=True,
     )
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir())
+    tokenizer = load_tokenizer(VERIFIER)
     fast, calibration = _calibrate(p)
     p = replace(p, dtypes=tuple(d for d in p.dtypes if d in ("float32", fast)))
     print(f"fast dtype here: {fast} ({'; '.join(c['summary'] for c in calibration.values())})", flush=True)

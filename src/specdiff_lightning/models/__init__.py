@@ -1,14 +1,23 @@
-"""Model adapters: diffusion and autoregressive drafters, tiny configs of the real classes."""
+"""Model adapters: diffusion, autoregressive and conditioned drafters, their loader, tiny configs of
+the real classes."""
 
 from .autoregressive import AutoregressiveDrafter
+from .conditioned import ConditionedDrafter
 from .diffusion import DRAFTER_FAMILIES, DiffusionDrafter, DrafterFamily
+from .loading import DRAFTER_KINDS, NAMED_VERIFIERS, load_drafter, load_tokenizer, load_verifier
 from .tiny import tiny_llama, tiny_model, tiny_qwen2
 
 __all__ = [
     "DRAFTER_FAMILIES",
+    "DRAFTER_KINDS",
+    "NAMED_VERIFIERS",
     "AutoregressiveDrafter",
+    "ConditionedDrafter",
     "DiffusionDrafter",
     "DrafterFamily",
+    "load_drafter",
+    "load_tokenizer",
+    "load_verifier",
     "tiny_llama",
     "tiny_model",
     "tiny_qwen2",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 from transformers import DynamicCache
@@ -39,10 +41,30 @@ class AutoregressiveDrafter(Drafter):
         self.reset()
 
     @classmethod
-    def from_pretrained(cls, path: str, **model_kwargs) -> AutoregressiveDrafter:
-        from transformers import AutoModelForCausalLM
+    def from_pretrained(
+        cls, path: str | os.PathLike, *, verifier: nn.Module | None = None, **model_kwargs
+    ) -> AutoregressiveDrafter:
+        """A causal LM (directory, hub id or named verifier, see
+        :func:`~specdiff_lightning.models.loading.load_verifier`), or a slice of ``verifier`` saved
+        by this project (``slice.json`` kind ``autoregressive``; only ``dtype`` applies, the verifier's)."""
+        from .slicing import is_slice
 
-        return cls(AutoModelForCausalLM.from_pretrained(path, **model_kwargs).eval())
+        if is_slice(path):
+            from .kinds import load_slice_drafter
+
+            dtype = model_kwargs.pop("dtype", None)
+            return load_slice_drafter(path, verifier, "autoregressive", dtype, **model_kwargs)
+        from .loading import load_verifier
+
+        return cls(load_verifier(os.fspath(path), **model_kwargs))
+
+    @classmethod
+    def from_slice(cls, verifier: nn.Module, path: str | os.PathLike) -> AutoregressiveDrafter:
+        """An AR slice saved by ``SliceDrafterTraining.export`` (objective ``ar``), rebuilt around
+        ``verifier``'s embeddings in its dtype."""
+        from .slicing import load_slice
+
+        return cls(load_slice(verifier, path)[0])
 
     def reset(self) -> None:
         self._cache: DynamicCache | None = None

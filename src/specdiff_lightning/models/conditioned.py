@@ -126,6 +126,21 @@ class ConditionedDrafter(Drafter):
         return cls(model, _new_fusion(verifier, model, feature_layers), feature_layers, mask_token_id)
 
     @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        *,
+        verifier: nn.Module | None = None,
+        dtype: torch.dtype | str | None = None,
+        **options,
+    ) -> ConditionedDrafter:
+        """A drafter saved by :meth:`save` (``slice.json`` kind ``conditioned``) around ``verifier``,
+        the verifier it was trained against; ``options``: those of :meth:`from_slice`."""
+        from .kinds import load_slice_drafter
+
+        return load_slice_drafter(path, verifier, CONDITIONED_KIND, dtype, **options)
+
+    @classmethod
     def from_slice(
         cls,
         verifier: nn.Module,
@@ -140,7 +155,10 @@ class ConditionedDrafter(Drafter):
 
         info = slice_info(path)
         if info.get("kind") != CONDITIONED_KIND:
-            raise ValueError(f"{path} holds a {info.get('kind')!r} drafter, not a {CONDITIONED_KIND!r} one")
+            raise ValueError(
+                f"{path} holds a {info.get('kind', 'diffusion')!r} drafter, not a {CONDITIONED_KIND!r} one: "
+                f"load it with load_drafter(path, verifier=...)"
+            )
         layers = tuple(info["feature_layers"])
         fusion = FeatureFusion(
             len(layers) * int(verifier.config.hidden_size), int(verifier.config.hidden_size)

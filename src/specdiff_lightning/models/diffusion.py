@@ -155,13 +155,15 @@ class DiffusionDrafter(Drafter):
         path: str | os.PathLike,
         family: str = "auto",
         *,
+        verifier: nn.Module | None = None,
         mask_token_id: int | None = None,
         shift_logits: bool | None = None,
         steps: int = 1,
         max_prefix_tokens: int | None = None,
         **model_kwargs,
     ) -> DiffusionDrafter:
-        """Load a drafter checkpoint (local directory or hub id) into a stock transformers class.
+        """Load a drafter: a Hugging Face checkpoint (local directory or hub id) into a stock
+        transformers class, or a slice of ``verifier`` saved by this project (``slice.json``).
 
         Args:
             family: ``"dream"`` (DiffuCoder/Dream), ``"diffullama"``, ``"llada"``, or ``"auto"``: read
@@ -169,30 +171,63 @@ class DiffusionDrafter(Drafter):
                 family from the raw ``config.json``'s ``model_type`` (``"Dream"``, ``"llada"``,
                 ``"llama"``). Dream loads as ``Qwen2ForCausalLM``, LLaDA as ``LlamaForCausalLM``
                 (config translated, tensors renamed on load): no code from the checkpoint runs
-                unless you pass ``trust_remote_code=True`` (see ``models/families.py``).
+                unless you pass ``trust_remote_code=True`` (see ``models/families.py``). A checkpoint
+                of another ``model_type`` loads with both ``mask_token_id`` and ``shift_logits`` given.
+                A slice reads its own ``slice.json`` (``"auto"`` only).
+            verifier: the verifier a slice was cut from (its embeddings are shared; the drafter takes
+                its dtype). Needed for slices (``assets/smollm2/drafter``), ignored otherwise.
             mask_token_id, shift_logits: override the checkpoint's / family's values.
-            model_kwargs: passed to ``from_pretrained`` (``dtype``, ``device_map``, ``attn_implementation``...).
+            model_kwargs: passed to ``from_pretrained`` (``dtype``, ``device_map``, ``attn_implementation``...);
+                for a slice only ``dtype`` (the verifier's), ``attention`` and ``prefix_cache``.
         """
         from .families import load_drafter_model
+        from .slicing import is_slice
+        from .specs import resolve_pretrained
 
+        if is_slice(path):
+            from .kinds import load_slice_drafter
+
+            if family != "auto":
+                raise ValueError(
+                    f"family={family!r} applies to Hugging Face checkpoints; {os.fspath(path)} is a saved "
+                    f"slice that names its own settings (slice.json): drop family"
+                )
+            options = {"mask_token_id": mask_token_id, "shift_logits": shift_logits, "steps": steps}
+            options.update(max_prefix_tokens=max_prefix_tokens, **model_kwargs)
+            dtype = options.pop("dtype", None)
+            options = {k: v for k, v in options.items() if v is not None}
+            return load_slice_drafter(path, verifier, "diffusion", dtype, **options)
+        path = resolve_pretrained(path, "drafter", **model_kwargs)
+        if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(
+                f"{path} is neither a Hugging Face checkpoint (no config.json) nor a saved drafter slice "
+                f"(no slice.json)"
+            )
         trust_remote_code = model_kwargs.pop("trust_remote_code", None)
         # Drafter options (not model ones) that may ride along in model_kwargs or the sidecar.
         drafter_options = {k: model_kwargs.pop(k) for k in ("attention", "prefix_cache") if k in model_kwargs}
         model, family, settings, config_dict = load_drafter_model(
-            path, family, trust_remote_code=trust_remote_code, **model_kwargs
+            path,
+            family,
+            trust_remote_code=trust_remote_code,
+            mask_token_id=mask_token_id,
+            shift_logits=shift_logits,
+            **model_kwargs,
         )
         if settings.get("attention") is not None:
             drafter_options.setdefault("attention", settings["attention"])
-        spec = DRAFTER_FAMILIES[family]
+        spec = DRAFTER_FAMILIES.get(family)
         drafter = cls(
             model,
             mask_token_id=_first_not_none(
                 mask_token_id,
                 settings.get("mask_token_id"),
                 config_dict.get("mask_token_id"),
-                spec.mask_token_id,
+                spec and spec.mask_token_id,
             ),
-            shift_logits=_first_not_none(shift_logits, settings.get("shift_logits"), spec.shift_logits),
+            shift_logits=_first_not_none(
+                shift_logits, settings.get("shift_logits"), spec and spec.shift_logits
+            ),
             steps=steps,
             max_prefix_tokens=_first_not_none(max_prefix_tokens, settings.get("max_prefix_tokens")),
             **drafter_options,
@@ -200,15 +235,51 @@ class DiffusionDrafter(Drafter):
         drafter.family = family
         return drafter
 
+    @classmethod
+    def from_slice(
+        cls,
+        verifier: nn.Module,
+        path: str | os.PathLike,
+        *,
+        mask_token_id: int | None = None,
+        shift_logits: bool | None = None,
+        steps: int = 1,
+        max_prefix_tokens: int | None = None,
+        attention: str | None = None,
+        prefix_cache: bool | None = None,
+    ) -> DiffusionDrafter:
+        """A diffusion slice saved by ``SliceDrafterTraining.export`` (``slice.json`` kind
+        ``diffusion``), rebuilt around ``verifier``'s embeddings in its dtype; its mask id, logit
+        shift and attention come from ``slice.json`` unless given."""
+        from .slicing import load_slice
+
+        model, info = load_slice(verifier, path)
+        mask_token_id = _first_not_none(mask_token_id, info.get("mask_token_id"))
+        if mask_token_id is None:
+            raise ValueError(f"{os.fspath(path)}/slice.json names no mask_token_id: pass mask_token_id=")
+        drafter = cls(
+            model,
+            mask_token_id,
+            _first_not_none(shift_logits, info.get("shift_logits"), True),
+            steps=steps,
+            max_prefix_tokens=max_prefix_tokens,
+            attention=_first_not_none(attention, info.get("attention"), "block_causal"),
+            prefix_cache=prefix_cache,
+        )
+        drafter.family = None
+        return drafter
+
     def save_pretrained(self, path: str | os.PathLike, family: str | None = None, **kwargs) -> None:
         """Save the model in its stock format (``save_pretrained``) plus the drafter settings needed
         to reload it; plain ``AutoModelForCausalLM.from_pretrained`` reloads the model too."""
         from .families import save_drafter_model
 
-        if family is None:
-            family = getattr(self, "family", None)
-        if family is None:
+        if family is None and "family" not in vars(self):
+            # built by the constructor: the family of its model_type (None on a loaded drafter means
+            # "no family": its mask id and logit shift, saved below, say everything)
             family = family_for_model_type(getattr(self.model.config, "model_type", "")) or "diffullama"
+        elif family is None:
+            family = self.family
         settings = {
             "family": family,
             "mask_token_id": self.mask_token_id,

@@ -218,17 +218,30 @@ def _raw_config(path: str | os.PathLike, **kwargs) -> dict:
     return config_dict
 
 
-def resolve_family(path: str | os.PathLike, family: str, config_dict: dict, settings: dict) -> str:
-    """``family`` itself, or for ``"auto"`` the sidecar's family, else the one of ``model_type``."""
+def resolve_family(
+    path: str | os.PathLike,
+    family: str,
+    config_dict: dict,
+    settings: dict,
+    mask_token_id: int | None = None,
+    shift_logits: bool | None = None,
+) -> str | None:
+    """``family`` itself, or for ``"auto"`` the sidecar's family, else the one of ``model_type``;
+    None when no family is known but the mask id and logit shift are (given, or in the sidecar):
+    a checkpoint of any stock ``model_type`` then loads with those."""
     if family == "auto":
-        family = settings.get("family", "auto")
+        family = settings.get("family") or "auto"
     if family == "auto":
         model_type = str(config_dict.get("model_type", ""))
         found = family_for_model_type(model_type)
         if found is None:
+            mask = mask_token_id if mask_token_id is not None else settings.get("mask_token_id")
+            shift = shift_logits if shift_logits is not None else settings.get("shift_logits")
+            if mask is not None and shift is not None:
+                return None
             raise ValueError(
                 f"cannot infer the drafter family of {os.fspath(path)!r} (model_type={model_type!r}); pass "
-                f"family= one of {sorted(DRAFTER_FAMILIES)} or mask_token_id= and shift_logits="
+                f"family= one of {sorted(DRAFTER_FAMILIES)}, or both mask_token_id= and shift_logits="
             )
         family = found
     if family not in DRAFTER_FAMILIES:
@@ -239,11 +252,18 @@ def resolve_family(path: str | os.PathLike, family: str, config_dict: dict, sett
 
 
 def load_drafter_model(
-    path: str | os.PathLike, family: str = "auto", trust_remote_code: bool | None = None, **model_kwargs
-) -> tuple[nn.Module, str, dict, dict]:
+    path: str | os.PathLike,
+    family: str = "auto",
+    trust_remote_code: bool | None = None,
+    mask_token_id: int | None = None,
+    shift_logits: bool | None = None,
+    **model_kwargs,
+) -> tuple[nn.Module, str | None, dict, dict]:
     """Load a drafter checkpoint without running its code.
 
-    Returns ``(model, family, sidecar settings, raw config.json dict)``. With
+    Returns ``(model, family, sidecar settings, raw config.json dict)``; the family is None for a
+    checkpoint of no known family loaded with an explicit ``mask_token_id`` and ``shift_logits``
+    (:func:`resolve_family`). With
     ``trust_remote_code=True`` (explicit only) the checkpoint's own classes are used through
     ``AutoModel``; if that fails, the error names the stock route.
     """
@@ -251,17 +271,17 @@ def load_drafter_model(
 
     settings = read_sidecar(path)
     config_dict = _raw_config(path, **model_kwargs)
-    family = resolve_family(path, family, config_dict, settings)
+    family = resolve_family(path, family, config_dict, settings, mask_token_id, shift_logits)
     model_type = str(config_dict.get("model_type", "")).lower()
     if trust_remote_code:
         try:
             model = AutoModel.from_pretrained(path, trust_remote_code=True, **model_kwargs)
         except Exception as err:  # noqa: BLE001 (re-raised with the way out)
+            stock = DRAFTER_FAMILIES[family].stock_class if family else "transformers"
             raise RuntimeError(
                 f"loading {os.fspath(path)!r} with its remote code failed ({type(err).__name__}: {err}). "
                 f"No remote code is needed: DiffusionDrafter.from_pretrained(path, family={family!r}) without "
-                f"trust_remote_code loads it as the stock {DRAFTER_FAMILIES[family].stock_class} class "
-                f"(see docs/drafters.md)."
+                f"trust_remote_code loads it as the stock {stock} class (see docs/drafters.md)."
             ) from err
     elif model_type in _NATIVE_FORMATS:
         stock, translate, key_mapping = _NATIVE_FORMATS[model_type]

@@ -1,26 +1,36 @@
-"""Load verifiers and drafters from a spec string: a local directory, a hub id, or a tiny preset.
+"""Load verifiers, tokenizers and drafters from a spec string: a named verifier, a tiny preset, a
+local directory (a Hugging Face checkpoint, or a drafter slice saved by this project) or a hub id.
 
 ``"tiny-qwen2"`` / ``"tiny-llama"`` build small random models of the real classes (``tiny`` kwargs
 set their sizes), so every config in ``configs/`` runs on a laptop with the real paths swapped in.
+What a spec names is decided in one place, :func:`~specdiff_lightning.models.specs.resolve_pretrained`.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..decoding.attention import GROUPED_SDPA
+from ..decoding.drafting import Drafter
 from .diffusion import DiffusionDrafter
-from .smollm2 import SMOLLM2_SPEC, smollm2_dir
+from .kinds import DRAFTER_KINDS, load_slice_drafter
+from .slicing import SLICE_FILE, is_slice
+from .specs import NAMED_VERIFIERS, TINY_PREFIX, resolve_pretrained
 from .tiny import tiny_model
 
-__all__ = ["load_verifier", "load_drafter", "resolve_dtype", "TINY_PREFIX", "NAMED_VERIFIERS"]
-
-TINY_PREFIX = "tiny-"
-
-#: named verifiers: spec -> a function returning a local Hugging Face directory (converted and cached
-#: on first use). Every config and CLI command that takes a verifier spec accepts these names.
-NAMED_VERIFIERS = {SMOLLM2_SPEC: smollm2_dir}
+__all__ = [
+    "load_verifier",
+    "load_tokenizer",
+    "load_drafter",
+    "resolve_dtype",
+    "resolve_pretrained",
+    "TINY_PREFIX",
+    "NAMED_VERIFIERS",
+    "DRAFTER_KINDS",
+]
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
@@ -52,8 +62,10 @@ def load_verifier(
     """A frozen causal LM in eval mode with gradients off.
 
     Args:
-        spec: directory or hub id for ``AutoModelForCausalLM.from_pretrained``, a name in
-            :data:`NAMED_VERIFIERS` (``"smollm2-135m-instruct"``), or ``"tiny-qwen2"`` / ``"tiny-llama"``.
+        spec: a name in :data:`NAMED_VERIFIERS` (``"smollm2-135m-instruct"``), ``"tiny-qwen2"`` /
+            ``"tiny-llama"``, a local directory or a hub id (``AutoModelForCausalLM.from_pretrained``).
+            A spec that is none of these, or a hub id while no hub is reachable, fails at once
+            naming the known specs (:func:`~specdiff_lightning.models.specs.resolve_pretrained`).
         attn_implementation: ``"sdpa_grouped"`` (default: SDPA that reads each cached key once for
             the few masked queries of a draft tree, :mod:`specdiff_lightning.decoding.attention`),
             ``"sdpa"`` or ``"eager"``.
@@ -69,14 +81,21 @@ def load_verifier(
 
     dtype = resolve_dtype(dtype)
     auto = dtype == "auto" or dtype is None
+    spec = os.fspath(spec)
     if spec.startswith(TINY_PREFIX):
         model = _tiny(spec, tiny, torch.float32 if auto else dtype, attn_implementation)
         auto = False
     else:
-        if spec in NAMED_VERIFIERS:
-            spec = str(NAMED_VERIFIERS[spec]())
+        if is_slice(spec):
+            raise ValueError(
+                f"{spec} is a drafter slice ({SLICE_FILE}), not a verifier: load it with "
+                f"load_drafter({spec!r}, verifier=...)"
+            )
         model = AutoModelForCausalLM.from_pretrained(
-            spec, dtype=dtype, attn_implementation=attn_implementation, **model_kwargs
+            resolve_pretrained(spec, "verifier", **model_kwargs),
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            **model_kwargs,
         )
     model.eval()
     model.requires_grad_(False)
@@ -90,37 +109,99 @@ def load_verifier(
     return model
 
 
+def load_tokenizer(spec: str, **kwargs):
+    """The tokenizer of a verifier spec: a name in :data:`NAMED_VERIFIERS` (its converted
+    directory), a local directory or a hub id (``AutoTokenizer.from_pretrained``)."""
+    from transformers import AutoTokenizer
+
+    spec = os.fspath(spec)
+    if spec.startswith(TINY_PREFIX):
+        raise ValueError(
+            f"tokenizer {spec!r} is a tiny preset, which has no tokenizer: give prompts as prompt_ids, "
+            f"or a tokenizer directory / verifier name"
+        )
+    return AutoTokenizer.from_pretrained(
+        resolve_pretrained(spec, "tokenizer", "tokenizer_config.json", **kwargs), **kwargs
+    )
+
+
 def load_drafter(
     spec: str,
     *,
+    verifier: torch.nn.Module | None = None,
+    kind: str = "auto",
     family: str = "auto",
     mask_token_id: int | None = None,
     shift_logits: bool | None = None,
     max_prefix_tokens: int | None = None,
-    steps: int = 1,
+    steps: int | None = None,
     dtype: str | torch.dtype | None = "auto",
     tiny: dict | None = None,
+    head_vocab: int | None = None,
+    block: int | None = None,
+    cache_window: int | None = None,
     **model_kwargs,
-) -> DiffusionDrafter:
-    """A :class:`DiffusionDrafter` from a checkpoint (see :meth:`DiffusionDrafter.from_pretrained`)
-    or a tiny preset (mask id defaults to the last vocabulary id, logits shifted)."""
+) -> Drafter:
+    """Any drafter this project ships, saves or reads, from its spec.
+
+    - a slice saved by this project (a directory with ``slice.json``: ``assets/smollm2/*``, what
+      ``export`` writes for the slice-training modules): the class of its ``kind``
+      (:data:`DRAFTER_KINDS`: :class:`DiffusionDrafter`, :class:`AutoregressiveDrafter`,
+      :class:`ConditionedDrafter`), rebuilt around ``verifier``, which it needs (its embeddings are
+      the verifier's, shared: the drafter takes the verifier's dtype and device);
+    - a Hugging Face checkpoint (directory or hub id): a :class:`DiffusionDrafter`
+      (:meth:`DiffusionDrafter.from_pretrained`: ``family``, ``mask_token_id``, ``shift_logits``),
+      or with ``kind="autoregressive"`` an :class:`AutoregressiveDrafter` (named verifiers too);
+    - a tiny preset: a random :class:`DiffusionDrafter` (mask id the last vocabulary id, logits
+      shifted) or, with ``kind="autoregressive"``, an AR drafter.
+
+    Args:
+        kind: ``"auto"`` or the kind the caller needs (``"diffusion"``, ``"autoregressive"``,
+            ``"conditioned"``); a slice of another kind is a clear error.
+        steps, max_prefix_tokens, mask_token_id, shift_logits: diffusion drafters' options.
+        head_vocab, block, cache_window: a conditioned drafter's decoding options
+            (:class:`~specdiff_lightning.models.conditioned.ConditionedDrafter`).
+        dtype: the model's dtype; a slice takes its verifier's (another one is an error).
+        model_kwargs: ``from_pretrained`` kwargs of a checkpoint (``device_map``, ``revision``...);
+            for a diffusion slice only ``attention`` / ``prefix_cache``.
+    """
     dtype = resolve_dtype(dtype)
+    spec = os.fspath(spec)
+    conditioned = {"head_vocab": head_vocab, "block": block, "cache_window": cache_window}
+    conditioned = {k: v for k, v in conditioned.items() if v is not None}
+    diffusion = {"mask_token_id": mask_token_id, "shift_logits": shift_logits, "steps": steps}
+    diffusion = {
+        k: v for k, v in {**diffusion, "max_prefix_tokens": max_prefix_tokens}.items() if v is not None
+    }
+    if kind not in ("auto", *DRAFTER_KINDS):
+        raise ValueError(f"unknown drafter kind {kind!r}; choose 'auto' or one of {sorted(DRAFTER_KINDS)}")
+    if not spec.startswith(TINY_PREFIX) and is_slice(spec):
+        if family != "auto":
+            raise ValueError(
+                f"family={family!r} applies to Hugging Face checkpoints; {spec} is a saved slice that names "
+                f"its own settings ({SLICE_FILE}): drop family"
+            )
+        if tiny is not None:
+            raise ValueError(f"tiny= sizes a tiny preset; {spec} is a saved slice: drop tiny")
+        return load_slice_drafter(spec, verifier, kind, dtype, **diffusion, **conditioned, **model_kwargs)
+    if conditioned or kind == "conditioned":
+        raise ValueError(
+            f"{spec} is not a conditioned drafter (those are saved slices, a directory with {SLICE_FILE} "
+            f"of kind 'conditioned'); {sorted(conditioned) or 'kind=conditioned'} apply to those only"
+        )
+    if kind == "autoregressive":
+        if diffusion:
+            raise ValueError(f"{sorted(diffusion)} configure diffusion drafters, not the AR drafter {spec}")
+        from .autoregressive import AutoregressiveDrafter
+
+        return AutoregressiveDrafter(load_verifier(spec, dtype=dtype, tiny=tiny, **model_kwargs))
     if spec.startswith(TINY_PREFIX):
         model = _tiny(spec, tiny, dtype, model_kwargs.get("attn_implementation", "sdpa"))
         return DiffusionDrafter(
             model,
             mask_token_id=model.config.vocab_size - 1 if mask_token_id is None else mask_token_id,
             shift_logits=True if shift_logits is None else shift_logits,
-            steps=steps,
+            steps=1 if steps is None else steps,
             max_prefix_tokens=max_prefix_tokens,
         )
-    return DiffusionDrafter.from_pretrained(
-        spec,
-        family=family,
-        mask_token_id=mask_token_id,
-        shift_logits=shift_logits,
-        steps=steps,
-        max_prefix_tokens=max_prefix_tokens,
-        dtype=dtype,
-        **model_kwargs,
-    )
+    return DiffusionDrafter.from_pretrained(spec, family=family, dtype=dtype, **diffusion, **model_kwargs)

@@ -4,6 +4,12 @@ the (tied) head of a stock causal LM, as a model of the same class.
 The embeddings (and a tied head) are the verifier's own tensors: shared in memory, never trained and
 never stored twice. :func:`save_slice` writes only what differs (the N layers and the norm);
 :func:`load_slice` rebuilds the full model around the verifier's embeddings.
+
+Sharing means one tensor in two models: casting or moving the slice (``slice.to(torch.bfloat16)``)
+casts or moves the verifier's embeddings too, and the verifier then refuses to decode (its layers
+and embeddings disagree; :func:`~specdiff_lightning.decoding.validation.check_verifier_dtypes`
+says so). Load the verifier in the dtype and on the device wanted, then the slice around it, or
+cast both together.
 """
 
 from __future__ import annotations
@@ -16,16 +22,27 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["slice_causal_lm", "save_slice", "load_slice", "slice_info", "SLICE_FILE"]
+__all__ = [
+    "slice_causal_lm",
+    "save_slice",
+    "load_slice",
+    "slice_info",
+    "is_slice",
+    "require_verifier",
+    "SLICE_FILE",
+    "SLICE_WEIGHTS",
+]
 
 SLICE_FILE = "slice.json"
-_WEIGHTS = "slice.safetensors"
+SLICE_WEIGHTS = "slice.safetensors"
+_WEIGHTS = SLICE_WEIGHTS
 _EXTRA = "extra."
 
 
 def slice_causal_lm(verifier: nn.Module, num_layers: int) -> nn.Module:
     """A ``type(verifier)`` with the verifier's first ``num_layers`` layers (copies, trainable), its
-    final norm (a copy) and its embeddings / tied head (shared, frozen).
+    final norm (a copy) and its embeddings / tied head (shared, frozen: casting the slice casts them
+    in the verifier too, see the module docstring).
 
     Args:
         verifier: a stock HF causal LM with ``.model.layers``, ``.model.norm``, ``.model.embed_tokens``.
@@ -88,18 +105,40 @@ def save_slice(
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
     own = dict(_own_state(model))
     if extra is not None:
         own.update({_EXTRA + k: v for k, v in extra.state_dict().items()})
     state = {k: (v.to(dtype) if dtype else v).detach().contiguous().cpu() for k, v in own.items()}
-    save_file(state, tmp / _WEIGHTS)
     info = {"num_layers": len(model.model.layers), **settings}
-    (tmp / SLICE_FILE).write_text(json.dumps(info, indent=2))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        save_file(state, tmp / _WEIGHTS)
+        (tmp / SLICE_FILE).write_text(json.dumps(info, indent=2))
+        # mkdtemp makes a private directory (0700) and safetensors private files (0600); an export is
+        # shared like any other file the user writes: the modes of the user's umask (0755 / 0644 at 022).
+        umask = _umask()
+        os.chmod(tmp, 0o777 & ~umask)
+        for name in (_WEIGHTS, SLICE_FILE):
+            os.chmod(tmp / name, 0o666 & ~umask)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _umask() -> int:
+    # os.umask can only be read by setting it; set it straight back
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+def is_slice(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a directory written by :func:`save_slice` (it has a ``slice.json``)."""
+    return (Path(path) / SLICE_FILE).is_file()
 
 
 def slice_info(path: str | os.PathLike) -> dict:
@@ -107,19 +146,54 @@ def slice_info(path: str | os.PathLike) -> dict:
     directory = Path(path)
     if not (directory / SLICE_FILE).is_file():
         raise FileNotFoundError(f"{directory} is not a saved drafter slice (no {SLICE_FILE})")
-    return json.loads((directory / SLICE_FILE).read_text())
+    try:
+        info = json.loads((directory / SLICE_FILE).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{directory / SLICE_FILE} is not valid JSON ({err}); export the drafter again"
+        ) from None
+    if not isinstance(info, dict) or "num_layers" not in info:
+        raise ValueError(f"{directory / SLICE_FILE} has no num_layers: it was not written by save_slice")
+    return info
+
+
+def _cut_from(info: dict) -> str:
+    return f"it was cut from {info['verifier']!r}" if info.get("verifier") else "was it cut from another one?"
+
+
+def require_verifier(path: str | os.PathLike, verifier) -> None:
+    """Refuse to load a slice without the verifier whose embeddings it shares."""
+    if verifier is None:
+        info = slice_info(path)
+        spec = info.get("verifier")
+        hint = f"verifier=load_verifier({spec!r})" if spec else "verifier=<the verifier it was cut from>"
+        raise ValueError(
+            f"{os.fspath(path)} is a slice of its verifier (it stores only the layers it does not share "
+            f"with it); pass {hint}"
+        )
 
 
 def load_slice(
     verifier: nn.Module, path: str | os.PathLike, extra: nn.Module | None = None
 ) -> tuple[nn.Module, dict]:
     """Rebuild a slice saved by :func:`save_slice` around ``verifier``'s embeddings; returns
-    ``(model, settings)``. The model takes the verifier's dtype. ``extra``: the module saved with it
-    (``save_slice(extra=...)``), loaded in place (strictly) and cast to the verifier's dtype too."""
+    ``(model, settings)``. The model takes the verifier's dtype and devices. ``extra``: the module
+    saved with it (``save_slice(extra=...)``), loaded in place (strictly), cast to the verifier's dtype
+    and moved to its input embeddings' device."""
     from safetensors.torch import load_file
 
     directory = Path(path)
     info = slice_info(directory)
+    if not (directory / _WEIGHTS).is_file():
+        raise FileNotFoundError(
+            f"{directory} has a {SLICE_FILE} but no {_WEIGHTS}: the slice is incomplete; copy it again "
+            f"with both files, or export it again"
+        )
+    depth = len(verifier.model.layers)
+    if not 1 <= int(info["num_layers"]) <= depth:
+        raise ValueError(
+            f"{directory}: the slice has {info['num_layers']} layers, this verifier {depth}; {_cut_from(info)}"
+        )
     model = slice_causal_lm(verifier, int(info["num_layers"]))
     state = load_file(directory / _WEIGHTS)
     extra_state = {k[len(_EXTRA) :]: state.pop(k) for k in list(state) if k.startswith(_EXTRA)}
@@ -129,14 +203,28 @@ def load_slice(
             f"(kind {info.get('kind')!r}); load it with the loader of its kind "
             f"(e.g. ConditionedDrafter.from_slice for kind 'conditioned')"
         )
+    _check_shapes(directory, info, model.state_dict(), state)
     if extra is not None:
+        _check_shapes(directory, info, extra.state_dict(), extra_state)
         extra.load_state_dict(extra_state, strict=True)
-        extra.to(next(verifier.parameters()).dtype)
+        # where the slice is: the verifier's input embeddings (dtype and device)
+        embeddings = verifier.get_input_embeddings().weight
+        extra.to(device=embeddings.device, dtype=next(verifier.parameters()).dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
     expected_missing = set(model.state_dict()) - set(_own_state(model))
     if unexpected or set(missing) - expected_missing:
         raise ValueError(
             f"{directory}: the slice does not fit this verifier (missing {sorted(set(missing) - expected_missing)[:4]}, "
-            f"unexpected {unexpected[:4]}); was it trained against another verifier?"
+            f"unexpected {unexpected[:4]}); {_cut_from(info)}"
         )
     return model.to(next(verifier.parameters()).dtype).eval(), info
+
+
+def _check_shapes(directory: Path, info: dict, expected: dict, stored: dict) -> None:
+    """One line naming the first tensor whose shape differs (load_state_dict would print them all)."""
+    for name, tensor in stored.items():
+        if name in expected and tuple(expected[name].shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"{directory}: the slice does not fit this verifier ({name} is {tuple(tensor.shape)} in the "
+                f"slice, {tuple(expected[name].shape)} here); {_cut_from(info)}"
+            )

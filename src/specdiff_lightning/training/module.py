@@ -17,7 +17,7 @@ from ..decoding.timing import throughput, timed
 from ..decoding.validation import check_tokenizers, check_vocab
 from ..metrics import PositionalAcceptance, StreakLength
 from ..models.diffusion import DiffusionDrafter
-from ..models.loading import load_drafter, load_verifier
+from ..models.loading import load_drafter, load_tokenizer, load_verifier
 from .losses import LOSSES, needs_verifier_logprobs, window_streak_terms
 from .teacher import sample_continuations, verifier_window_logprobs
 
@@ -29,13 +29,20 @@ _TEACHERS = ("corpus", "online")
 class DrafterDistillation(L.LightningModule):
     """Align a diffusion drafter to a frozen verifier (METHOD.md §5).
 
+    Predict, bench and eval-budget decode with any drafter :func:`~specdiff_lightning.models.loading.load_drafter`
+    loads (a slice of the verifier such as ``assets/smollm2/drafter_conditioned`` included: it is
+    built around this module's verifier); ``fit`` and ``validate`` train diffusion drafters only.
+
     Args:
-        verifier: directory / hub id of the verifier, or ``"tiny-qwen2"`` / ``"tiny-llama"``.
-        drafter: directory / hub id of the drafter, or a tiny preset.
+        verifier: a verifier spec: a named verifier (``"smollm2-135m-instruct"``), a directory, a hub
+            id, or ``"tiny-qwen2"`` / ``"tiny-llama"``.
+        drafter: a drafter spec: a directory (a Hugging Face checkpoint, or a slice saved by this
+            project, ``slice.json``), a hub id, or a tiny preset.
         verifier_kwargs: for :func:`~specdiff_lightning.models.loading.load_verifier` (``dtype``,
             ``device_map``, ``tiny`` sizes...).
         drafter_kwargs: for :func:`~specdiff_lightning.models.loading.load_drafter` (``family``,
-            ``mask_token_id``, ``shift_logits``, ``max_prefix_tokens``, ``dtype``, ``tiny``...).
+            ``mask_token_id``, ``shift_logits``, ``max_prefix_tokens``, ``dtype``, ``tiny``; for a
+            conditioned drafter ``head_vocab``, ``cache_window``, ``block``...).
         loss: a name in :data:`~specdiff_lightning.training.losses.LOSSES`: ``streak`` (default),
             ``expected_streak``, ``ar_distillation``, ``tv``, ``forward_kl``, ``masked_ce``, or one
             you registered there.
@@ -51,8 +58,8 @@ class DrafterDistillation(L.LightningModule):
             from the config, never from a checkpoint's hyper-parameters.
         baseline: in ``predict``, also time verifier-only decoding of each prompt (the speed-up
             denominator, measured side by side).
-        tokenizer: the verifier's tokenizer (decodes completions; checked against
-            ``drafter_tokenizer`` when both are given).
+        tokenizer: the verifier's tokenizer (a named verifier, directory or hub id; decodes
+            completions; checked against ``drafter_tokenizer`` when both are given).
     """
 
     def __init__(
@@ -96,22 +103,25 @@ class DrafterDistillation(L.LightningModule):
             object.__setattr__(self, "verifier", verifier_model)
         else:
             self.verifier = verifier_model
-        self.drafter = load_drafter(drafter, **(drafter_kwargs or {}))
+        # a slice of the verifier (slice.json) is built around it; other drafters ignore it
+        self.drafter = load_drafter(drafter, verifier=verifier_model, **(drafter_kwargs or {}))
         check_vocab(self.verifier, self.drafter.vocab_size)
         self.decoding = (decoding or DecodingConfig()).with_gamma(gamma)
         self.tokenizer = None
         if tokenizer is not None:
-            from transformers import AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            self.tokenizer = load_tokenizer(tokenizer)
             if drafter_tokenizer is not None:
-                check_tokenizers(self.tokenizer, AutoTokenizer.from_pretrained(drafter_tokenizer))
+                check_tokenizers(self.tokenizer, load_tokenizer(drafter_tokenizer))
         if lora is not None:
             from peft import LoraConfig, get_peft_model
 
             self.drafter.model = get_peft_model(self.drafter.model, LoraConfig(**lora))
         # Registered so Lightning moves it and the optimizer sees it; the verifier stays frozen.
         self.drafter_model = self.drafter.model
+        fusion = getattr(self.drafter, "fusion", None)
+        if fusion is not None:
+            # a conditioned drafter's projection of the verifier's features: moved with the rest
+            self.drafter_fusion = fusion
         self.strict_loading = False
         self.val_streak = StreakLength()
         self.val_positional = PositionalAcceptance(gamma)
@@ -123,6 +133,7 @@ class DrafterDistillation(L.LightningModule):
         return self
 
     def on_fit_start(self) -> None:
+        self._require_diffusion("fit")
         # Lightning keeps each module's train/eval mode; models load in eval mode.
         self.drafter_model.train()
 
@@ -161,7 +172,16 @@ class DrafterDistillation(L.LightningModule):
 
     def forward(self, prefix: torch.Tensor, prefix_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Drafter window logits ``[B, gamma, V]`` for left-padded prefixes."""
+        self._require_diffusion("fit and validate")
         return self.drafter.window_logits(prefix, self.hparams.gamma, prefix_mask)
+
+    def _require_diffusion(self, what: str) -> None:
+        if not isinstance(self.drafter, DiffusionDrafter):
+            raise TypeError(
+                f"{what} of DrafterDistillation need a diffusion drafter; {self.hparams.drafter} is a "
+                f"{type(self.drafter).__name__}, which decodes here (predict, bench, eval-budget) but trains "
+                f"with its own module (configs/smollm2/*.yaml: SliceDrafterTraining, ConditionedDrafterTraining)"
+            )
 
     # ------------------------------------------------------------------ steps
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -257,7 +277,10 @@ class DrafterDistillation(L.LightningModule):
 
     # ------------------------------------------------------------------ export
     def export(self, path: str | os.PathLike) -> None:
-        """Write a plain HF drafter directory (LoRA merged) that ``DiffusionDrafter.from_pretrained`` loads."""
+        """Write a plain HF drafter directory (LoRA merged) that ``DiffusionDrafter.from_pretrained``
+        and :func:`~specdiff_lightning.models.loading.load_drafter` load (a drafter sliced from the
+        verifier is written whole: the directory stands alone)."""
+        self._require_diffusion("export")
         model = self.drafter.model
         if self.hparams.lora is not None:
             model = copy.deepcopy(model).merge_and_unload()
@@ -266,5 +289,6 @@ class DrafterDistillation(L.LightningModule):
             self.drafter.mask_token_id,
             self.drafter.shift_logits,
             max_prefix_tokens=self.drafter.max_prefix_tokens,
+            attention=self.drafter.attention,
         )
         exported.save_pretrained(path)

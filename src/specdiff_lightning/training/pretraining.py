@@ -30,10 +30,10 @@ def window_sequences(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, valid
 
 
-def _tokenizer(path: str):
-    from transformers import AutoTokenizer
+def _tokenizer(spec: str):
+    from ..models.loading import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return load_tokenizer(spec)
 
 
 def _build(arch: str, tokenizer, model: dict, seed: int):
