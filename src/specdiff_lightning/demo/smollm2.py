@@ -16,8 +16,6 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..decoding.costmodel import CostModel
-
 __all__ = [
     "SmolPreset",
     "SMOL_PRESETS",
@@ -447,6 +445,7 @@ def _calibrate(p: SmolPreset) -> tuple[str, dict]:
     import torch
 
     from ..decoding.calibration import DTYPE_CONTEXT, DTYPE_TREE_NODES, cost_model_for
+    from ..decoding.costmodel import CostModel
     from ..models.loading import load_verifier
 
     verifier = load_verifier(VERIFIER, dtype=torch.float32)
