@@ -423,7 +423,7 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     report["drafter_cost_cache_window"] = window
     from ..decoding.calibration import machine_info
 
-    report["machine"] = machine_info()
+    report["machine"] = {**report.get("machine", {}), **machine_info()}  # + CPU model and kernel flags
     report["calibration"] = calibration
     report["fast_dtype"] = fast
     report["split"] = {"dev": f"HumanEval/0-{DEV_PROBLEMS - 1}", "reported": [r["id"] for r in prompts]}
