@@ -80,7 +80,9 @@ def test_default_rows_have_one_key_each_at_every_k(k):
     from specdiff_lightning.decoding.config import DecodingConfig
 
     cfg = DecodingConfig(gamma=4, num_drafts=k)
-    methods = default_methods(cfg, with_ar=True) + sweep_methods(cfg, [1, 2, 4, 8], [1.0, 1.5], [2, 4], [1, 2])
+    methods = default_methods(cfg, with_ar=True) + sweep_methods(
+        cfg, [1, 2, 4, 8], [1.0, 1.5], [2, 4], [1, 2]
+    )
     methods += setting_methods([{"num_drafts": 1, "draft_temperature": 0.0}, {"num_drafts": 1, "tree": {}}])
     methods += extra_drafter_methods("undistilled", cfg)
     keys = [m.key for m in methods]

@@ -66,3 +66,24 @@ def test_top_level_help_imports_no_framework():
     assert "eval-budget" in out.stdout and "prepare-demo-data" in out.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
     assert not imported & {"torch", "transformers", "lightning", "datasets"}
+
+
+def test_subcommand_help_speaks_the_tables_words(capsys):
+    """Issue 19: usage said generate_corpus, descriptions were Lightning docstrings cut mid-sentence,
+    --model listed only lightning.LightningModule, export --dtype had no description."""
+    from specdiff_lightning.cli.commands import find_command
+
+    for name in ("generate-corpus", "export", "predict"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([name, "--help"])
+        assert exit_info.value.code == 0
+        out = capsys.readouterr().out
+        flat = "".join(out.split())  # argparse wraps long names across lines
+        assert out.startswith(f"usage: python -m specdiff_lightning {name} [--config CONFIG]")
+        assert "".join(find_command(name).summary.split()) in flat
+        assert f"{name}arguments:" in flat and "Usefulto" not in flat
+        for module in ("DrafterDistillation", "SliceDrafterTraining", "ConditionedDrafterTraining"):
+            assert module in flat
+        assert "SequenceDataModule" in flat and "SharedEmbeddingDrafterTraining" not in flat
+        if name == "export":
+            assert "--dtypeDTYPEcasttothisdtypefirst" in flat

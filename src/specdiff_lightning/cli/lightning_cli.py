@@ -14,7 +14,12 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
+# The project's LightningModules and data modules, imported so that `--help` lists them as known
+# subclasses (jsonargparse lists the subclasses it has seen) and class names resolve without a path.
+from .. import training  # noqa: F401
+from ..data import sequences  # noqa: F401
 from ..trainer import SpecDiffTrainer
+from ..training import conditioned, slice_drafter  # noqa: F401
 from .commands import find_command, lightning_subcommands
 from .errors import condense
 from .run_config import RunConfigCallback
@@ -63,6 +68,27 @@ class SpecDiffCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         return lightning_subcommands(LightningCLI.subcommands())
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        """LightningCLI's, but only the parser of the command being run (each of the eight costs
+        introspecting the Trainer; the command is known from the first word), described by the
+        command table and used under its typed name (``generate-corpus``), not the method's."""
+        self._subcommand_parsers: dict[str, LightningArgumentParser] = {}
+        subcommands = parser.add_subcommands()
+        first = self._command_line[0] if self._command_line else None
+        chosen = [find_command(first)] if first and find_command(first) else None
+        for command in chosen or [find_command(name) for name in self.subcommands()]:
+            prog = f"python -m specdiff_lightning {command.name}"
+            sub_kwargs = {
+                "description": command.summary,
+                "usage": f"{prog} [--config CONFIG] [--print_config] [--<key> VALUE ...]",
+                **kwargs.get(command.method, {}),
+            }
+            sub = self._prepare_subcommand_parser(self.trainer_class, command.method, **sub_kwargs)
+            subcommands.add_subcommand(command.method, sub, help=command.summary)
+            sub.prog = prog  # add_subcommand sets "<prog> [options] <method>"
+            _retitle(sub, command)
+            self._subcommand_parsers[command.method] = sub
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Skipped by jsonargparse where the chosen classes lack the argument (pretraining modules,
@@ -118,6 +144,23 @@ class SpecDiffCLI(LightningCLI):
                 f"{', '.join('model.' + k for k in replaced)}; give them on the command line to override it"
             )
         self.config = merged
+
+
+def _retitle(parser: LightningArgumentParser, command: Any) -> None:
+    """Group titles of our own words: jsonargparse titles a group by its class's or method's
+    docstring, cut at its first line ('... compute predictions. Useful to')."""
+    titles = {
+        command.method: f"{command.name} arguments",
+        "model": "--model: a LightningModule, by class_path + init_args (--model.help CLASS: its arguments)",
+        "data": "--data: a LightningDataModule, by class_path + init_args (--data.help CLASS: its arguments)",
+        "trainer": "--trainer: lightning.Trainer arguments",
+        "optimizer": "--optimizer: replaces the model's own optimizer (optional)",
+        "lr_scheduler": "--lr_scheduler: replaces the model's own schedule (optional)",
+    }
+    for name, title in titles.items():
+        group = getattr(parser, "groups", {}).get(name)
+        if group is not None:
+            group.title = title
 
 
 def _check_decodes(subcommand: str, model: Any) -> None:

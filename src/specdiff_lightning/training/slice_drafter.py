@@ -12,6 +12,8 @@ tensors, so checkpoints and exports hold only the N layers and the final norm.
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -55,7 +57,7 @@ def block_targets(
     return picked.masked_fill(~valid, IGNORE_INDEX)
 
 
-class SharedEmbeddingDrafterTraining(L.LightningModule):
+class SharedEmbeddingDrafterTraining(L.LightningModule, metaclass=ABCMeta):
     """What every module training a drafter around a frozen verifier's embeddings shares: the
     Lightning steps (a subclass gives ``_loss(batch) -> (loss, streak)`` and ``export(path, dtype)``),
     checkpoints without the shared embeddings / tied head, the optimizer, the export at the end.
@@ -70,6 +72,14 @@ class SharedEmbeddingDrafterTraining(L.LightningModule):
         return {k: v for k, v in state.items() if "embed_tokens" not in k and "lm_head" not in k}
 
     strict_loading = False
+
+    @abstractmethod
+    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, streak)`` of a batch."""
+
+    @abstractmethod
+    def export(self, path: str, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        """Write the trained drafter to ``path``."""
 
     def _hold_verifier(self, verifier: torch.nn.Module) -> None:
         """Keep ``verifier`` as ``self.verifier`` without registering it (Lightning would checkpoint
