@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -22,6 +23,7 @@ from ..trainer import SpecDiffTrainer
 from ..training import conditioned, slice_drafter  # noqa: F401
 from .commands import find_command, lightning_subcommands
 from .errors import condense
+from .progress import StepBoundProgressBar
 from .run_config import RunConfigCallback
 
 __all__ = ["SpecDiffCLI", "run_cli", "DECODING_SUBCOMMANDS", "DECODING_HPARAMS"]
@@ -94,6 +96,14 @@ class SpecDiffCLI(LightningCLI):
         # Skipped by jsonargparse where the chosen classes lack the argument (pretraining modules,
         # PromptDataModule).
         parser.link_arguments("model.init_args.gamma", "data.init_args.gamma")
+
+    def instantiate_trainer(self, **kwargs: Any) -> SpecDiffTrainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        # Lightning's default rich bar read "Epoch 9/-2" in step-bound runs: ours, in its place.
+        for i, callback in enumerate(trainer.callbacks):
+            if type(callback) is RichProgressBar:
+                trainer.callbacks[i] = StepBoundProgressBar()
+        return trainer
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
