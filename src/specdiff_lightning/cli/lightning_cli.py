@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import RichProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
 # The project's LightningModules and data modules, imported so that `--help` lists them as known
@@ -139,9 +139,7 @@ class SpecDiffCLI(LightningCLI):
             hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
         try:
             merged = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
-            typed = _typed_model_args(self._command_line or [])
-            if typed:
-                merged = self.parser.parse_args([subcommand, *typed], namespace=merged)
+            merged = self._typed_over(subcommand, merged)
         except ArgumentError as err:
             raise ValueError(
                 f"--ckpt_path {ckpt_path}: its hyper-parameters do not fit this command's model ({condense(err)}); "
@@ -154,6 +152,25 @@ class SpecDiffCLI(LightningCLI):
                 f"{', '.join('model.' + k for k in replaced)}; give them on the command line to override it"
             )
         self.config = merged
+
+    def _typed_over(self, subcommand: str, merged: Any) -> Any:
+        """``merged`` with what the command line's ``--model...`` options set put back over it: each
+        init arg they touch (all of ``decoding`` for ``--model.init_args.decoding.num_drafts 3``)
+        takes its value from the parse before the checkpoint; ``--model OtherClass``, the whole model."""
+        args = _typed_model_args(self._command_line or [])
+        model = merged[subcommand].get("model")
+        class_path = model.get("class_path") if model is not None else None
+        if not args or not class_path:
+            return merged
+        typed = self.parser.parse_args([subcommand, "--model", class_path, *args], defaults=False)
+        typed = typed[subcommand]["model"]
+        parsed = self.config[subcommand]["model"]
+        if typed.get("class_path") != class_path:
+            merged[subcommand]["model"] = parsed
+        else:
+            for key in vars(typed.get("init_args") or Namespace()):  # top-level init args only
+                merged[subcommand]["model"]["init_args"][key] = parsed["init_args"][key]
+        return self.parser.parse_object({}, merged)  # links (data.gamma follows model.gamma), checks
 
 
 def _retitle(parser: LightningArgumentParser, command: Any) -> None:
