@@ -115,6 +115,10 @@ def test_fit_refuses_to_write_over_an_earlier_export_before_it_trains(tmp_path, 
     assert main([*resume, "--model.init_args.overwrite_export", "true"]) == 0
     assert "(replacing its export)" in capsys.readouterr().out
     assert _md5(tmp_path / "drafter" / "slice.safetensors") != exported
+    # The permission was that run's: resuming its checkpoint does not inherit it.
+    assert torch.load(ckpt, weights_only=True)["hyper_parameters"]["overwrite_export"] is True
+    assert main([*resume[:-1], "6"]) == 1
+    assert "already holds an export" in _error_lines(capsys.readouterr().err)[0]
 
 
 def test_export_refuses_a_directory_that_holds_files(tmp_path, monkeypatch, capsys):

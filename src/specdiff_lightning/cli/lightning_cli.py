@@ -32,6 +32,8 @@ __all__ = ["SpecDiffCLI", "run_cli", "DECODING_SUBCOMMANDS", "DECODING_HPARAMS"]
 DECODING_SUBCOMMANDS = ("predict", "bench", "eval_budget")
 #: model arguments that are decoding settings, never taken from a checkpoint's hyper-parameters
 DECODING_HPARAMS = ("decoding", "baseline")
+#: permissions a run gives itself, never inherited from a checkpoint by the run that resumes it
+RUN_HPARAMS = ("overwrite_export",)
 #: subcommands that run no Lightning loop and write an ``output_dir``: config.yaml joins it at the end
 #: (``export`` writes none: its directory is the exported model, nothing else)
 CONFIG_AFTER_RUN = ("bench", "eval_budget", "generate_corpus")
@@ -130,6 +132,8 @@ class SpecDiffCLI(LightningCLI):
             return
         hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
         hparams.pop("_instantiator", None)
+        for key in RUN_HPARAMS:
+            hparams.pop(key, None)
         if subcommand in DECODING_SUBCOMMANDS:
             for key in DECODING_HPARAMS:
                 hparams.pop(key, None)
