@@ -1,6 +1,7 @@
 """predict through the Trainer: the JSONL writer and the metrics callback."""
 
 import json
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -63,3 +64,28 @@ def test_prediction_writer_replaces_an_earlier_run(tmp_path):
             writer.write_on_batch_end(trainer, None, rows, None, None, batch, 0)
     lines = (tmp_path / "out" / "predictions-rank0.jsonl").read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == [f"r1b{b}i{i}" for b in range(2) for i in range(3)]
+
+
+def test_predictions_carry_text_when_the_data_module_has_a_tokenizer(tmp_path):
+    """Issue 19: with a tokenizer configured on the data module only, completions were token ids
+    and nothing else; `text` is their decoding."""
+    from specdiff_lightning.data.tokenization import load_tokenizer
+
+    tokenizer = str(Path(__file__).parents[1] / "assets" / "demo" / "tokenizer")
+    trainer = L.Trainer(
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[JsonlPredictionWriter(str(tmp_path / "out"))],
+    )
+    data = PromptDataModule(benchmark="prompts", path=str(write_prompts(tmp_path, n=2)), tokenizer=tokenizer)
+    trainer.predict(tiny_distillation(), data, return_predictions=False)
+    rows = [
+        json.loads(line) for line in (tmp_path / "out" / "predictions-rank0.jsonl").read_text().splitlines()
+    ]
+    assert len(rows) == 2
+    for r in rows:
+        assert isinstance(r["completion"], list) and r["text"] == load_tokenizer(tokenizer).decode(
+            r["completion"]
+        )

@@ -21,12 +21,18 @@ __all__ = ["JsonlPredictionWriter", "DecodingMetrics", "summary_table"]
 class JsonlPredictionWriter(BasePredictionWriter):
     """Write one JSON line per prompt to ``<output_dir>/predictions-rank<r>.jsonl`` after every
     batch (flushed: an interrupted run keeps what it finished). A run replaces the file of an
-    earlier run; it never appends to it."""
+    earlier run; it never appends to it.
+
+    ``completion`` is what ``predict_step`` returns (text when the model has a tokenizer, else token
+    ids); ``text`` is always the decoded completion when any tokenizer is configured (the model's,
+    else the data module's), None otherwise.
+    """
 
     FIELDS = (
         "id",
         "prompt",
         "completion",
+        "text",
         "new_tokens",
         "verifier_calls",
         "mean_accepted",
@@ -46,14 +52,36 @@ class JsonlPredictionWriter(BasePredictionWriter):
     def on_predict_start(self, trainer, pl_module) -> None:
         os.makedirs(self.output_dir, exist_ok=True)
         open(self.path(trainer.global_rank), "w").close()  # replace an earlier run's rows
+        self._tokenizer = _configured_tokenizer(trainer, pl_module)
 
     def write_on_batch_end(
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
     ):
+        tokenizer = getattr(self, "_tokenizer", None)
         with open(self.path(trainer.global_rank), "a", encoding="utf-8") as f:
             for row in prediction:
-                f.write(json.dumps({k: row.get(k) for k in self.FIELDS}) + "\n")
+                out = {k: row.get(k) for k in self.FIELDS}
+                completion = row.get("completion")
+                if isinstance(completion, str):
+                    out["text"] = completion
+                elif tokenizer is not None and completion is not None:
+                    out["text"] = tokenizer.decode(completion)
+                f.write(json.dumps(out) + "\n")
             f.flush()
+
+
+def _configured_tokenizer(trainer, pl_module):
+    """The model's tokenizer, else the data module's (``PromptDataModule(tokenizer=...)``), or None."""
+    tokenizer = getattr(pl_module, "tokenizer", None)
+    if tokenizer is not None:
+        return tokenizer
+    hparams = getattr(getattr(trainer, "datamodule", None), "hparams", None) or {}
+    path = hparams.get("tokenizer")
+    if path is None:
+        return None
+    from .data.tokenization import load_tokenizer
+
+    return load_tokenizer(path)
 
 
 class DecodingMetrics(Callback):

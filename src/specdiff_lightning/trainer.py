@@ -44,7 +44,13 @@ class SpecDiffTrainer(L.Trainer):
             from .models.loading import load_tokenizer
 
             tok = load_tokenizer(tokenizer)
-        verifier = model.verifier.to(self.strategy.root_device)
+        verifier = getattr(model, "verifier", None)
+        if verifier is None:
+            raise ValueError(
+                f"generate-corpus samples from the model's verifier, and {type(model).__name__} has none; "
+                f"use a config whose model trains a drafter against a verifier (e.g. configs/tiny_fit.yaml)"
+            )
+        verifier = verifier.to(self.strategy.root_device)
         eos = verifier.generation_config.eos_token_id
         with torch.inference_mode():
             out = generate_corpus(
@@ -205,12 +211,23 @@ class SpecDiffTrainer(L.Trainer):
         output_dir: str,
         ckpt_path: str | None = None,
         dtype: str | None = None,
+        overwrite: bool = False,
         datamodule: L.LightningDataModule | None = None,
     ) -> None:
-        """Write the trained model (the drafter with LoRA merged, or a pretrained LM) as a plain HF
-        directory, from ``ckpt_path`` if given, optionally cast to ``dtype`` (e.g. ``bfloat16``)."""
-        from .models.loading import resolve_dtype
+        """Write the trained model (its drafter, or a pretrained LM) to a directory.
 
+        The drafter has its LoRA merged; the weights come from ``ckpt_path`` if given.
+
+        Args:
+            output_dir: the directory to write; one that already holds files is refused unless ``overwrite``.
+            ckpt_path: a ``fit`` checkpoint whose weights to export (default: the model as configured).
+            dtype: cast to this dtype first (``bfloat16``, ``float16``, ``float32``); default: unchanged.
+            overwrite: replace what ``output_dir`` holds.
+        """
+        from .models.loading import resolve_dtype
+        from .training.exports import check_export_dir
+
+        check_export_dir(output_dir, overwrite, "--output_dir", "--overwrite")
         _load_drafter_weights(model, ckpt_path)
         if dtype is not None:
             model.to(resolve_dtype(dtype))

@@ -71,3 +71,30 @@ def test_bench_rows_shape_their_trees_only_as_their_own_settings_say():
     assert plain.tree is None and plain.lookup is False and plain.num_drafts == 2
     # the row's drafts as drawn: the run's shape does not leak into the loop's own sizing either
     assert plain.generate_kwargs()["tree"] is None and "lookup" not in plain.generate_kwargs()
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_default_rows_have_one_key_each_at_every_k(k):
+    """Issue 19, blocker 4: at K=1 the run's greedy row and the K=1 greedy row were two rows with
+    one key; every row's key is unique whatever K, sweeps and settings the run has."""
+    from specdiff_lightning.bench.methods import extra_drafter_methods, setting_methods
+    from specdiff_lightning.decoding.config import DecodingConfig
+
+    cfg = DecodingConfig(gamma=4, num_drafts=k)
+    methods = default_methods(cfg, with_ar=True) + sweep_methods(
+        cfg, [1, 2, 4, 8], [1.0, 1.5], [2, 4], [1, 2]
+    )
+    methods += setting_methods([{"num_drafts": 1, "draft_temperature": 0.0}, {"num_drafts": 1, "tree": {}}])
+    methods += extra_drafter_methods("undistilled", cfg)
+    keys = [m.key for m in methods]
+    assert len(keys) == len(set(keys)), keys
+    assert "specdiff2_k1" in keys and f"specdiff2_k{k}" in keys
+
+
+def test_a_repeated_settings_row_is_refused_naming_the_fix():
+    from specdiff_lightning.bench.methods import setting_methods
+
+    model = tiny_distillation()
+    rows = setting_methods([{"num_drafts": 2}, {"num_drafts": 2}])
+    with pytest.raises(ValueError, match=r"name more than one row; give a repeated `settings` row a `key`"):
+        run_bench(model.verifier, model.drafter, [{"id": "a", "prompt_ids": [1, 2]}], model.decoding, rows)

@@ -66,3 +66,45 @@ def test_top_level_help_imports_no_framework():
     assert "eval-budget" in out.stdout and "prepare-demo-data" in out.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
     assert not imported & {"torch", "transformers", "lightning", "datasets"}
+
+
+def test_subcommand_help_speaks_the_tables_words(capsys):
+    """Issue 19: usage said generate_corpus, descriptions were Lightning docstrings cut mid-sentence,
+    --model listed only lightning.LightningModule, export --dtype had no description."""
+    from specdiff_lightning.cli.commands import find_command
+
+    for name in ("generate-corpus", "export", "predict"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([name, "--help"])
+        assert exit_info.value.code == 0
+        out = capsys.readouterr().out
+        flat = "".join(out.split())  # argparse wraps long names across lines
+        assert out.startswith(f"usage: python -m specdiff_lightning {name} [--config CONFIG]")
+        assert "".join(find_command(name).summary.split()) in flat
+        assert f"{name}arguments:" in flat and "Usefulto" not in flat
+        for module in ("DrafterDistillation", "SliceDrafterTraining", "ConditionedDrafterTraining"):
+            assert module in flat
+        assert "SequenceDataModule" in flat and "SharedEmbeddingDrafterTraining" not in flat
+        if name == "export":
+            assert "--dtypeDTYPEcasttothisdtypefirst" in flat
+
+
+@pytest.mark.parametrize(
+    ("max_epochs", "max_steps", "title"), [(-1, 40, "Epoch 3 · 40 steps max"), (5, -1, "Epoch 3/4")]
+)
+def test_the_progress_bar_names_the_step_budget(tmp_path, max_epochs, max_steps, title):
+    """Issue 19: a run bounded by max_steps (max_epochs -1) read "Epoch 9/-2"; the CLI's Trainer
+    gets this bar in place of Lightning's rich one."""
+    import lightning as L
+
+    from specdiff_lightning.cli.lightning_cli import SpecDiffCLI
+    from specdiff_lightning.cli.progress import StepBoundProgressBar
+
+    trainer = L.Trainer(max_epochs=max_epochs, max_steps=max_steps, logger=False, default_root_dir=tmp_path)
+    bar = StepBoundProgressBar()
+    bar.setup(trainer, None, "fit")
+    assert bar._get_train_description(3).strip() == title
+    config = {"model": {"class_path": "specdiff_lightning.training.DrafterDistillation"}}
+    config["trainer"] = {"max_steps": 40, "logger": False, "default_root_dir": str(tmp_path)}
+    cli = SpecDiffCLI(args=config, run=False, save_config_callback=None)
+    assert isinstance(cli.trainer.progress_bar_callback, StepBoundProgressBar)

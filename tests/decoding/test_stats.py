@@ -50,3 +50,14 @@ def test_stats_of_a_generation_that_stops_at_eos_mid_round():
     assert stats.accepted_tokens == stop + 1  # ...but only the tokens up to EOS were emitted
     assert int(stats.position_accepted.sum()) == int(stats.position_reached.sum()) == stop + 1
     assert stats.mean_accepted <= stats.mean_tokens_per_call
+
+
+def test_repr_is_a_summary_not_the_round_trace():
+    """Issue 19: print(out.stats) printed every round's RoundStats."""
+    stats = DecodingStats(gamma=4, new_tokens=6, drafter_calls=2)
+    stats.rounds += [RoundStats(4, 2, False, 5, 0, (1, 2, 3, 4), (1, 2, 9))] * 2
+    assert repr(stats) == (
+        "DecodingStats(gamma=4, new_tokens=6, verifier_calls=2, drafter_calls=2, mean_accepted=2.00, "
+        "mean_tokens_per_call=3.00, rounds=<2 rounds>)"
+    )
+    assert "RoundStats" not in str(stats)

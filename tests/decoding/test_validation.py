@@ -80,6 +80,13 @@ def test_context_allows_exactly_what_fits(pair):
     assert out.sequences.shape == (1, 65)
     with pytest.raises(ValueError, match="lower max_new_tokens to 1"):
         speculative_generate(verifier, drafter, full, max_new_tokens=2, gamma=4)
+    # Issue 19: a prompt longer than the context was told to "lower max_new_tokens to 0", which is refused.
+    longer = torch.arange(66).remainder(V - 1)[None]
+    with pytest.raises(
+        ValueError, match=r"the prompt alone fills it: keep at most its last 61 tokens"
+    ) as err:
+        speculative_generate(verifier, drafter, longer, max_new_tokens=4, gamma=4)
+    assert "max_new_tokens to" not in str(err.value)
 
 
 def test_unsupported_attention_kernel_is_named():

@@ -50,7 +50,8 @@ def test_cli_generate_corpus_fit_and_export(tmp_path, monkeypatch):
             "false",
         ]
     )
-    ckpt = Path("runs/tiny/checkpoints/last.ckpt")  # where tiny_predict.yaml's comment points
+    # under default_root_dir, where tiny_predict.yaml's comment points
+    ckpt = Path("runs/tiny/lightning_logs/version_0/checkpoints/last.ckpt")
     assert ckpt.is_file() and sorted(p.name for p in Path("runs/tiny/lightning_logs").iterdir()) == [
         "version_0"
     ]
@@ -132,7 +133,7 @@ def test_cli_predict_decodes_with_the_configs_settings_not_the_checkpoints(tmp_p
             "false",
         ]
     )
-    ckpt = Path("runs/tiny/checkpoints/last.ckpt")
+    ckpt = Path("runs/tiny/lightning_logs/version_0/checkpoints/last.ckpt")
     assert torch.load(ckpt, weights_only=True)["hyper_parameters"]["decoding"]["num_drafts"] == 3
     assert not Path("lightning_logs").exists()
     predict = [

@@ -6,6 +6,7 @@ Every row carries a stable ``role`` (what kind of method it is, for target check
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from ..decoding.config import DecodingConfig
@@ -57,7 +58,8 @@ class BenchMethod:
         steps: denoising steps override (diffusion).
         drafter: which diffusion drafter (a key of the bench's drafters; None: ``"main"``).
         role: one of :data:`ROLES`; None: from ``kind`` (``specdiff`` for K=1 ``standard``).
-        key: a stable identifier (None: derived from name); target checks use role and key.
+        key: a stable identifier, unique in a run (None: derived from name); target checks, plots
+            and the report look rows up by role and key, never by name.
         dtype: run in this dtype's copy of the models (None: the run's first dtype).
         repeats: timed decodes per prompt for this row (None: the run's); fewer for rows read for
             their acceptance or exactness rather than their speed.
@@ -139,19 +141,24 @@ def default_methods(cfg: DecodingConfig, with_ar: bool) -> list[BenchMethod]:
             {"num_drafts": 1, "acceptance": "greedy"},
             key="specdiff2_k1",
         ),
-        BenchMethod(
-            f"SpecDiff-2 (K={k}, greedy)",
-            "diffusion",
-            {"num_drafts": k, "acceptance": "greedy"},
-            key=f"specdiff2_k{k}",
-        ),
+    ]
+    if k > 1:  # at K=1 the run's greedy row is the K=1 row above: one row, one key
+        methods.append(
+            BenchMethod(
+                f"SpecDiff-2 (K={k}, greedy)",
+                "diffusion",
+                {"num_drafts": k, "acceptance": "greedy"},
+                key=f"specdiff2_k{k}",
+            )
+        )
+    methods.append(
         BenchMethod(
             f"SpecDiff-2 (K={k}, recursive)",
             "diffusion",
             {"num_drafts": k, "acceptance": "recursive"},
             key=f"specdiff2_k{k}_recursive",
-        ),
-    ]
+        )
+    )
     return methods
 
 
@@ -172,8 +179,16 @@ def setting_methods(settings: list[dict]) -> list[BenchMethod]:
             label += ", +lookup"
         if extra.get("drafter") not in (None, "main"):
             label += f", {extra['drafter']}"
+        extra.setdefault("key", _setting_key(setting, extra.get("drafter")))
         rows.append(BenchMethod(f"SpecDiff-2 ({label})", "diffusion", setting, **extra))
     return rows
+
+
+def _setting_key(setting: dict, drafter: str | None) -> str:
+    """A key read off the settings themselves (not the label, which may change): equal settings get
+    equal keys, which ``run_bench`` refuses, so a repeated row needs a ``key`` of its own."""
+    spelled = json.dumps(setting, sort_keys=True) + ("" if drafter in (None, "main") else f" {drafter}")
+    return "settings_" + _slug(spelled)
 
 
 def sweep_methods(
@@ -192,7 +207,11 @@ def sweep_methods(
     ]
     rows += [
         BenchMethod(
-            f"T={t}", "diffusion", {"draft_temperature": t, "acceptance": "greedy"}, "draft_temperature"
+            f"T={t}",
+            "diffusion",
+            {"draft_temperature": t, "acceptance": "greedy"},
+            "draft_temperature",
+            key=f"sweep_t{t}",
         )
         for t in draft_temperature
     ]

@@ -34,7 +34,7 @@ def markdown_table(report: dict) -> str:
         f"{report['num_prompts']} prompts, max_new_tokens={d['max_new_tokens']}, temperature={d['temperature']}, "
         f"gamma={d['gamma']}; every method timed {report.get('repeats', 1)}x per prompt, interleaved, after "
         f"{report['warmup']} warm-up prompt(s); machine: {mach['platform']}, {mach['cpu_count']} CPUs, "
-        f"torch {mach['torch']}, device {mach['cuda'] or 'cpu'}.",
+        f"torch {mach['torch']} on {mach.get('torch_threads', '?')} threads, device {mach['cuda'] or 'cpu'}.",
         "",
         "| method | role | dtype | tokens/s (median [min–max]) | speed-up | vs verifier loop | accepted/call "
         "| tokens/call | identical | pass@1 | loop overhead |",

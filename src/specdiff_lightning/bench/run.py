@@ -101,8 +101,12 @@ def run_bench(
     default_dtype = next(iter(models))
     methods = [m for m in methods if _runnable(m, models.get(m.dtype or default_dtype))]
     keys = [m.key for m in methods]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"bench rows need distinct keys, got duplicates in {keys}")
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise ValueError(
+            f"bench rows need distinct keys, and {repeated} name more than one row; give a repeated "
+            f"`settings` row a `key` of its own (or drop the repeat)"
+        )
 
     def pair(m: BenchMethod) -> BenchModels:
         return models[m.dtype or default_dtype]
@@ -319,6 +323,7 @@ def _machine() -> dict:
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": torch.get_num_threads(),  # decoding speed depends on it (docs/concepts.md)
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }

@@ -108,13 +108,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a user's mistake prints ``error: ...`` and returns non-zero (a bug, or any error
+    with ``SPECDIFF_DEBUG=1``, raises with its traceback)."""
+    from .errors import report
+
     words = list(sys.argv[1:] if argv is None else argv)
     command = find_command(words[0]) if words else None
-    if command is not None and command.lightning:
-        run_cli(argv)
-        return 0
-    args = build_parser().parse_args(words)
-    return args.func(args)
+    try:
+        if command is not None and command.lightning:
+            run_cli(argv)
+            return 0
+        args = build_parser().parse_args(words)
+        return args.func(args)
+    except Exception as exc:
+        status = report(exc, command.name if command else None)
+        if status is None:
+            raise
+        return status
 
 
 if __name__ == "__main__":

@@ -45,7 +45,12 @@ COMMANDS: tuple[Command, ...] = (
     Command("predict", "self-selection speculative decoding of benchmark prompts -> JSONL + metrics"),
     Command("bench", "every decoding method side by side -> bench.json, bench.md, plots"),
     Command("eval-budget", "time-budgeted reasoning: accuracy vs thinking seconds, verifier vs SpecDiff-2"),
-    Command("demo", "the built-in CPU pair end to end (what `make demo` runs)", lightning=False),
+    Command(
+        "demo",
+        "end-to-end CPU demos: SmolLM2-135M + the shipped drafters on HumanEval (what `make demo` runs), "
+        "or --preset builtin: the stdlib pair trained from scratch",
+        lightning=False,
+    ),
     Command(
         "prepare-demo-data",
         "stdlib corpus split + tokenizer + prompts for the built-in pair",

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .records import CorpusError
+from .records import CorpusError, read_jsonl, validate_prompt_record
 
 __all__ = ["BENCHMARKS", "Benchmark", "load_benchmark"]
 
@@ -72,13 +72,14 @@ def _mt_bench(row: dict, i: int) -> dict:
     return {"id": str(row.get("question_id", i)), "prompt": turns[0]}
 
 
-def _prompts(row: dict, i: int) -> dict:
-    out = {"id": str(row.get("id", i))}
-    if "prompt_ids" in row:
+def _prompts(row: dict, i: int, where: str = "") -> dict:
+    validate_prompt_record(row, where or f"row {i}")
+    out = {"id": str(row["id"]) if row.get("id") is not None else str(i)}
+    if row.get("prompt_ids") is not None:
         out["prompt_ids"] = list(row["prompt_ids"])
     else:
         out["prompt"] = row["prompt"]
-    if "answer" in row:
+    if row.get("answer") is not None:
         out["answer"] = str(row["answer"])
     return out
 
@@ -110,6 +111,18 @@ def _humaneval_wheel():
         return None
 
 
+def _jsonl_rows(path: str) -> tuple[list, list[str]]:
+    """The rows of a JSONL file and their ``file:line``; blank lines skipped, a malformed one raised."""
+    rows, wheres = [], []
+    for value, where in read_jsonl(path):
+        if isinstance(value, CorpusError):
+            raise value
+        if value is not None:
+            rows.append(value)
+            wheres.append(where)
+    return rows, wheres
+
+
 def load_benchmark(name: str, path: str | None = None, limit: int | None = None) -> list[dict]:
     """Load a benchmark's prompts from ``path`` (local file) or the hub."""
     if name not in BENCHMARKS:
@@ -117,6 +130,7 @@ def load_benchmark(name: str, path: str | None = None, limit: int | None = None)
     spec = BENCHMARKS[name]
     from datasets import load_dataset
 
+    wheres = None  # file:line of each row, where the file has lines (JSONL)
     if path is not None:
         suffix = Path(path).suffix
         if not Path(path).is_file():
@@ -124,7 +138,18 @@ def load_benchmark(name: str, path: str | None = None, limit: int | None = None)
         kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(suffix)
         if kind is None:
             raise CorpusError(f"benchmark file {path!r}: use .jsonl, .json or .parquet")
-        rows = load_dataset(kind, data_files=str(path), split="train")
+        if suffix == ".jsonl":
+            # Read here, line by line, as corpora are: datasets' JSON builder fails a whole file on one
+            # bad line (a pyarrow trace naming no line) and gives rows missing a key that key as None.
+            rows, wheres = _jsonl_rows(path)
+        else:
+            try:
+                rows = load_dataset(kind, data_files=str(path), split="train")
+            except Exception as err:
+                raise CorpusError(
+                    f"benchmark file {path!r} could not be read ({type(err).__name__}: {err}); "
+                    f"check it is valid {suffix[1:]} with one row per prompt"
+                ) from err
     elif name == "humaneval" and _humaneval_wheel() is not None:
         rows = load_dataset("json", data_files=str(_humaneval_wheel()), split="train")
     elif spec.hub_name is not None:
@@ -142,12 +167,14 @@ def load_benchmark(name: str, path: str | None = None, limit: int | None = None)
     for i, row in enumerate(rows):
         if limit is not None and len(out) >= limit:
             break
+        where = wheres[i] if wheres is not None else f"{path or spec.hub_name} row {i}"
+        if spec.convert is _prompts:
+            out.append(_prompts(row, i, where))
+            continue
         try:
             out.append(spec.convert(row, i))
         except (KeyError, TypeError, IndexError) as err:
-            raise CorpusError(
-                f"{path or spec.hub_name} row {i}: missing field {err} for benchmark {name!r}"
-            ) from None
+            raise CorpusError(f"{where}: missing field {err} for benchmark {name!r}") from None
     if not out:
         raise CorpusError(f"benchmark {name!r} ({path or spec.hub_name}) has no rows")
     return out

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from ..constants import IGNORE_INDEX
 from ..models.continuations import left_pad, sample_continuations
-from .records import CorpusError
+from .records import CorpusError, read_jsonl, validate_prompt_record
 from .tokenization import encode_prompt
 
 __all__ = ["load_prompts", "generate_corpus", "MANIFEST"]
@@ -33,40 +33,36 @@ def load_prompts(path: str | os.PathLike, tokenizer=None) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise CorpusError(f"prompt file {str(path)!r} does not exist")
+    if path.suffix == ".txt":
+        with open(path, encoding="utf-8") as f:
+            lines = [
+                ({"prompt": line.rstrip("\n")} if line.strip() else None, f"{path}:{i}")
+                for i, line in enumerate(f, 1)
+            ]
+    else:
+        lines = read_jsonl(path)
     prompts = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            where = f"{path}:{lineno}"
-            if not line.strip():
-                continue
-            if path.suffix == ".txt":
-                record = {"prompt": line.rstrip("\n")}
-            else:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise CorpusError(f"{where}: malformed JSON ({err.msg})") from None
-            if not isinstance(record, dict) or not ("prompt" in record or "prompt_ids" in record):
-                raise CorpusError(
-                    f"{where}: a prompt record needs 'prompt' (text) or 'prompt_ids' (token ids)"
-                )
-            if "prompt_ids" in record:
-                ids = record["prompt_ids"]
-                if not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= 0 for i in ids)):
-                    raise CorpusError(f"{where}: 'prompt_ids' must be a non-empty list of non-negative ints")
-            else:
-                if tokenizer is None:
-                    raise CorpusError(f"{where}: text prompts need a tokenizer (pass --tokenizer <path>)")
-                ids = encode_prompt(tokenizer, record["prompt"])
-                if not ids:
-                    raise CorpusError(f"{where}: empty prompt")
-            prompts.append(
-                {
-                    "id": str(record.get("id", f"{path.name}:{lineno}")),
-                    "prompt_ids": ids,
-                    **({"prompt": record["prompt"]} if "prompt" in record else {}),
-                }
-            )
+    for record, where in lines:
+        if record is None:
+            continue
+        if isinstance(record, CorpusError):
+            raise record
+        validate_prompt_record(record, where)
+        if record.get("prompt_ids") is not None:
+            ids = record["prompt_ids"]
+        else:
+            if tokenizer is None:
+                raise CorpusError(f"{where}: text prompts need a tokenizer (pass --tokenizer <path>)")
+            ids = encode_prompt(tokenizer, record["prompt"])
+            if not ids:
+                raise CorpusError(f"{where}: empty prompt")
+        prompts.append(
+            {
+                "id": str(record.get("id", f"{path.name}:{where.rsplit(':', 1)[1]}")),
+                "prompt_ids": ids,
+                **({"prompt": record["prompt"]} if record.get("prompt") is not None else {}),
+            }
+        )
     if not prompts:
         raise CorpusError(f"prompt file {str(path)!r} has no prompts")
     return prompts

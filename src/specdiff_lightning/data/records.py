@@ -21,7 +21,15 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["CorpusError", "iter_records", "expand_files", "validate_record", "SUFFIXES"]
+__all__ = [
+    "CorpusError",
+    "iter_records",
+    "expand_files",
+    "validate_record",
+    "validate_prompt_record",
+    "read_jsonl",
+    "SUFFIXES",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +98,42 @@ def validate_record(record, where: str) -> dict:
     return out
 
 
+def validate_prompt_record(record, where: str) -> dict:
+    """Return ``record`` when it is a usable prompt (``prompt``: non-empty text, or ``prompt_ids``:
+    non-empty token ids), else raise :class:`CorpusError` naming ``where`` and what it lacks."""
+    if not isinstance(record, dict):
+        raise CorpusError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if record.get("prompt_ids") is not None:
+        ids = record["prompt_ids"]
+        if not (_is_id_list(ids) and ids):
+            raise CorpusError(f"{where}: 'prompt_ids' must be a non-empty list of non-negative ints")
+    elif record.get("prompt") is not None:
+        if not isinstance(record["prompt"], str) or not record["prompt"].strip():
+            raise CorpusError(f"{where}: 'prompt' must be non-empty text")
+    else:
+        keys = sorted(k for k, v in record.items() if v is not None)
+        raise CorpusError(
+            f"{where}: a prompt record needs 'prompt' (text) or 'prompt_ids' (token ids); got keys {keys}"
+        )
+    return record
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[object, str]]:
+    """``(value, "file:line")`` for every line of a JSONL file, in order: the parsed JSON, None for a
+    blank line, or a :class:`CorpusError` naming the line for malformed JSON (yielded, not raised, so
+    a reader that skips bad records goes on)."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            if not line.strip():
+                yield None, where
+                continue
+            try:
+                yield json.loads(line), where
+            except json.JSONDecodeError as err:
+                yield CorpusError(f"{where}: malformed JSON ({err.msg} at column {err.colno})"), where
+
+
 def _streamed(kind: str, path: str) -> Iterator[dict]:
     """Rows of one file in order, streamed by ``datasets`` (no cache, no conversion pass)."""
     from datasets import load_dataset
@@ -110,16 +154,7 @@ def _raw_records(path: str) -> Iterator[tuple[object, str]]:
             if record["text"].strip():  # blank lines separate documents; they are not errors
                 yield {"prompt": "", "continuation": record["text"]}, f"{path}:{lineno}"
         return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            where = f"{path}:{lineno}"
-            if not line.strip():
-                yield None, where
-                continue
-            try:
-                yield json.loads(line), where
-            except json.JSONDecodeError as err:
-                yield CorpusError(f"{where}: malformed JSON ({err.msg} at column {err.colno})"), where
+    yield from read_jsonl(path)
 
 
 def iter_records(files: list[str], on_error: str = "skip") -> Iterator[dict]:

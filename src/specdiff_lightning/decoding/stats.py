@@ -25,7 +25,7 @@ class RoundStats:
     emitted: tuple[int, ...] = ()
 
 
-@dataclass
+@dataclass(repr=False)
 class DecodingStats:
     """Statistics of one :func:`speculative_generate` call.
 
@@ -111,6 +111,14 @@ class DecodingStats:
             "mean_accepted": self.mean_accepted,
             "mean_tokens_per_call": self.mean_tokens_per_call,
         }
+
+    def __repr__(self) -> str:
+        # The summary, not every round's RoundStats (``print(out.stats)`` printed hundreds of them);
+        # ``rounds`` holds the trace.
+        fields = ", ".join(
+            f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in self.summary().items()
+        )
+        return f"DecodingStats(gamma={self.gamma}, {fields}, rounds=<{len(self.rounds)} rounds>)"
 
 
 @dataclass

@@ -85,10 +85,19 @@ def check_context(verifier: nn.Module, prompt_length: int, max_new_tokens: int) 
     limit = getattr(verifier.config, "max_position_embeddings", None)
     needed = prompt_length + max_new_tokens - 1
     if limit is not None and needed > limit:
+        fits = limit - prompt_length + 1  # the most new tokens this prompt leaves room for
+        keep = limit - max_new_tokens + 1  # the longest prompt that leaves room for max_new_tokens
+        # Suggest only a fix that works: max_new_tokens must be >= 1, so a prompt that fills the
+        # context can only be shortened (PromptDataModule's max_prompt_tokens keeps its last tokens).
+        if fits >= 1:
+            fix = f"shorten the prompt or lower max_new_tokens to {fits}"
+        elif keep >= 1:
+            fix = f"the prompt alone fills it: keep at most its last {keep} tokens (e.g. max_prompt_tokens: {keep})"
+        else:
+            fix = f"lower max_new_tokens below {limit} and keep at most the prompt's last {limit} tokens"
         raise ValueError(
             f"prompt ({prompt_length} tokens) + max_new_tokens ({max_new_tokens}) needs {needed} positions (the "
-            f"last new token is never fed back), which exceeds the verifier's context of {limit} positions; "
-            f"shorten the prompt or lower max_new_tokens to {max(0, limit - prompt_length + 1)}"
+            f"last new token is never fed back), which exceeds the verifier's context of {limit} positions; {fix}"
         )
 
 

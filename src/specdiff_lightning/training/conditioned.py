@@ -38,7 +38,9 @@ class ConditionedDrafterTraining(SharedEmbeddingDrafterTraining):
             write next after the record's prefix), so any text (e.g. real code answers) can train it.
         cache_features: keep each sequence's features after its first epoch (bf16, in memory), so the
             verifier reads every sequence once.
-        export_dir: write the trained drafter here when training ends.
+        export_dir: write the trained drafter here when training ends (an existing one stops ``fit``
+            before it trains, unless ``overwrite_export``).
+        overwrite_export: replace what ``export_dir`` holds (an earlier run's export).
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class ConditionedDrafterTraining(SharedEmbeddingDrafterTraining):
         cache_features: bool = True,
         export_dir: str | None = None,
         export_dtype: str = "bfloat16",
+        overwrite_export: bool = False,
     ) -> None:
         super().__init__()
         if objective not in _OBJECTIVES:
@@ -68,9 +71,9 @@ class ConditionedDrafterTraining(SharedEmbeddingDrafterTraining):
         if targets not in ("corpus", "verifier"):
             raise ValueError(f"targets must be 'corpus' or 'verifier', got {targets!r}")
         self.save_hyperparameters()
-        frozen = load_verifier(verifier, dtype=torch.float32).requires_grad_(False)
+        frozen = load_verifier(verifier, dtype=torch.float32)
         # Not a submodule: frozen, shared, never checkpointed (the drafter's embeddings are its tensors).
-        self.__dict__["verifier"] = frozen
+        self._hold_verifier(frozen)
         if init_from:
             drafter = ConditionedDrafter.from_slice(frozen, init_from)
         else:

@@ -12,6 +12,8 @@ tensors, so checkpoints and exports hold only the N layers and the final norm.
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,7 @@ from ..constants import IGNORE_INDEX
 from ..models.diffusion import DiffusionDrafter
 from ..models.loading import load_verifier
 from ..models.slicing import load_slice, save_slice, slice_causal_lm
+from .exports import check_export_dir, export_exists
 from .losses import masked_ce_loss, streak_loss
 from .pretraining import adamw_warmup_cosine
 
@@ -54,10 +57,14 @@ def block_targets(
     return picked.masked_fill(~valid, IGNORE_INDEX)
 
 
-class SharedEmbeddingDrafterTraining(L.LightningModule):
+class SharedEmbeddingDrafterTraining(L.LightningModule, metaclass=ABCMeta):
     """What every module training a drafter around a frozen verifier's embeddings shares: the
     Lightning steps (a subclass gives ``_loss(batch) -> (loss, streak)`` and ``export(path, dtype)``),
-    checkpoints without the shared embeddings / tied head, the optimizer, the export at the end."""
+    checkpoints without the shared embeddings / tied head, the optimizer, the export at the end.
+
+    ``verifier`` is the frozen verifier, as on every training module that has one (``generate-corpus``
+    samples from it); it is kept outside the module tree: never checkpointed, never trained.
+    """
 
     # Only the drafter's own tensors are trained and checkpointed (embeddings/head are the verifier's).
     def state_dict(self, *args, **kwargs):
@@ -65,6 +72,24 @@ class SharedEmbeddingDrafterTraining(L.LightningModule):
         return {k: v for k, v in state.items() if "embed_tokens" not in k and "lm_head" not in k}
 
     strict_loading = False
+
+    @abstractmethod
+    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, streak)`` of a batch."""
+
+    @abstractmethod
+    def export(self, path: str, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        """Write the trained drafter to ``path``."""
+
+    def _hold_verifier(self, verifier: torch.nn.Module) -> None:
+        """Keep ``verifier`` as ``self.verifier`` without registering it (Lightning would checkpoint
+        and count it); its tensors that the drafter shares are registered through the drafter."""
+        self.__dict__["verifier"] = verifier.eval().requires_grad_(False)
+
+    def setup(self, stage: str) -> None:
+        # Before training, not after it: a run that would overwrite an earlier export stops here.
+        if stage == "fit" and self.hparams.export_dir:
+            check_export_dir(self.hparams.export_dir, self.hparams.get("overwrite_export", False))
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, streak = self._loss(batch)
@@ -84,8 +109,12 @@ class SharedEmbeddingDrafterTraining(L.LightningModule):
 
     def on_train_end(self) -> None:
         if self.hparams.export_dir and self.trainer.is_global_zero:
+            replaced = export_exists(self.hparams.export_dir)
             self.export(self.hparams.export_dir, getattr(torch, self.hparams.export_dtype))
-            print(f"drafter written to {self.hparams.export_dir}")
+            print(
+                f"drafter written to {self.hparams.export_dir}"
+                + (" (replacing its export)" if replaced else "")
+            )
 
 
 class SliceDrafterTraining(SharedEmbeddingDrafterTraining):
@@ -100,7 +129,10 @@ class SliceDrafterTraining(SharedEmbeddingDrafterTraining):
         gamma: the draft window. blocks: windows (or, for ``ar``, blocks of gamma positions) per sequence.
         mask_token_id: the drafter's [MASK]: an id the verifier never emits (SmolLM2: 16, ``<empty_output>``).
         draft_temperature: T in the streak objective (as at deployment).
-        export_dir: write the trained slice here when training ends (see :meth:`export`).
+        export_dir: write the trained slice here when training ends (see :meth:`export`). A
+            directory that already holds files stops ``fit`` before it trains, unless
+            ``overwrite_export``.
+        overwrite_export: replace what ``export_dir`` holds (an earlier run's export).
     """
 
     def __init__(
@@ -120,12 +152,14 @@ class SliceDrafterTraining(SharedEmbeddingDrafterTraining):
         seed: int = 0,
         export_dir: str | None = None,
         export_dtype: str = "bfloat16",
+        overwrite_export: bool = False,
     ) -> None:
         super().__init__()
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         self.save_hyperparameters()
         frozen = load_verifier(verifier, dtype=torch.float32)
+        self._hold_verifier(frozen)
         if init_from:
             model, _ = load_slice(frozen, init_from)
         else:
