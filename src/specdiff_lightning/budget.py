@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .decoding.calibration import warn_if_slower_than_plain
 from .decoding.config import DecodingConfig
 from .decoding.generate import speculative_generate, verifier_generate
 
@@ -107,6 +108,10 @@ def run_budget_eval(
                         **think_cfg.generate_kwargs(),
                         eos_token_id=eos,
                         max_time=budget,
+                    )
+                    # (at least budget seconds passed: a decode flagged here was at least this slow)
+                    warn_if_slower_than_plain(
+                        out.stats.new_tokens / budget, verifier, ids.shape[1], out.stats.mean_accepted
                     )
                 thinking = out.sequences[:, ids.shape[1] :]
                 thought += thinking.shape[1]

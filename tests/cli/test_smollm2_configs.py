@@ -54,6 +54,9 @@ def test_the_smollm2_predict_config_runs_as_it_is(workdir):
             "1",
             "--model.init_args.decoding.max_new_tokens",
             "4",
+            # the config's dtype is auto (the fastest here); exactness is proven in float32
+            "--model.init_args.verifier_kwargs.dtype",
+            "float32",
             "--trainer.enable_progress_bar",
             "false",
         ]
@@ -84,10 +87,9 @@ def test_the_smollm2_bench_config_runs_every_shipped_drafter(workdir):
             "1",
             "--model.init_args.decoding.max_new_tokens",
             "4",
-            # TODO(issue 19, blocker 4): the config's K=1 makes two bench rows with one key; drop
-            # this override once default_methods stops duplicating specdiff2_k1 at K=1.
-            "--model.init_args.decoding.num_drafts",
-            "2",
+            # the config's dtype is auto (the fastest here); exactness is proven in float32
+            "--model.init_args.verifier_kwargs.dtype",
+            "float32",
             "--warmup",
             "0",
             "--trainer.enable_progress_bar",
@@ -96,6 +98,7 @@ def test_the_smollm2_bench_config_runs_every_shipped_drafter(workdir):
     )
     report = json.loads((tmp_path / "runs" / "smollm2" / "bench" / "bench.json").read_text())
     rows = {r["key"]: r for r in report["rows"]}
-    assert {"hf_assisted", "sps", "specdiff2_fc_k1_lookup", "specdiff2_k1_sliced"} <= set(rows)
+    assert {"hf_assisted", "sps", "specdiff2_fc_auto", "specdiff2_fc_k1_lookup", "specdiff2_k1_sliced"} <= set(rows)
+    assert rows["specdiff2_fc_auto"]["tree"] == "auto"
     assert rows["specdiff2_fc_k1_lookup"]["tree"] and rows["specdiff2_fc_k1_lookup"]["lookup"]
     assert all(r["identical_to_verifier"] for r in report["rows"])

@@ -140,3 +140,31 @@ def test_auto_is_refused_with_rules_that_read_q():
         speculative_generate(verifier, drafter, torch.tensor([[1, 2]]), max_new_tokens=3, gamma=2, tree="big")
     with pytest.raises(ValueError, match="lookup"):
         DecodingConfig(gamma=4, lookup=True)
+
+
+def test_a_decode_slower_than_calibrated_plain_decoding_is_named_with_its_cause():
+    from specdiff_lightning.decoding.calibration import SlowerThanPlainWarning, warn_if_slower_than_plain
+
+    model = tiny_model("llama", vocab_size=32, hidden_size=16, num_layers=1)
+    assert warn_if_slower_than_plain(1e9, model, 32) is None  # faster than any plain step: silent
+    with pytest.warns(SlowerThanPlainWarning, match=r"x slower than plain decoding.*rarely accepted"):
+        warn_if_slower_than_plain(1e-3, model, 32, mean_accepted=0.1)
+
+
+def test_bench_flags_speculative_rows_slower_than_plain_decoding():
+    from specdiff_lightning.bench.run import _speedups
+
+    def row(key, role, tps, accepted=None):
+        return {"key": key, "method": key, "role": role, "dtype": "float32", "tokens_per_s": tps,
+                "mean_accepted": accepted, "tokens_per_call": None, "warnings": []}  # fmt: skip
+
+    rows = [
+        row("hf_generate", "hf_generate", 20.0),
+        row("slow", "specdiff2", 15.0, 0.2),
+        row("fast", "specdiff2", 30.0),
+    ]
+    _speedups(rows)
+    assert (
+        "slower than plain decoding" in rows[1]["warnings"][0] and "rarely accepted" in rows[1]["warnings"][0]
+    )
+    assert rows[2]["warnings"] == []

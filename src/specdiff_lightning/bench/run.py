@@ -293,7 +293,7 @@ def _speedups(rows: list[dict]) -> None:
     """``speedup``: over the fastest plain HF ``generate`` of any dtype (else our verifier loop);
     ``speedup_vs_verifier``: over our verifier loop in the same dtype. Flags implausible rows: one
     verifier call per round costs at least a one-token step, so our loops cannot beat the same-dtype
-    verifier loop by more than their tokens per call."""
+    verifier loop by more than their tokens per call; and speculative rows slower than plain decoding."""
     plain = [r for r in rows if r["role"] == "hf_generate"] or [r for r in rows if r["role"] == "verifier"]
     denominator = max(plain, key=lambda r: r["tokens_per_s"]) if plain else None
     ours = {r["dtype"]: r for r in rows if r["role"] == "verifier"}
@@ -302,6 +302,18 @@ def _speedups(rows: list[dict]) -> None:
         r["speedup_denominator"] = denominator["key"] if denominator else None
         base = ours.get(r["dtype"])
         r["speedup_vs_verifier"] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
+        if r["role"] in ("specdiff", "specdiff2", "sps") and r["speedup"] is not None and r["speedup"] < 1.0:
+            accepted = r.get("mean_accepted")
+            cause = (
+                f"its drafts are rarely accepted ({accepted:.2f} draft tokens per verifier call)"
+                if accepted is not None and accepted < 0.5
+                else "its rounds (drafting + the tree's forward) cost more than the tokens they add here"
+            )
+            r["warnings"].append(
+                f"slower than plain decoding: {r['tokens_per_s']:.1f} tok/s is {1 / r['speedup']:.2f}x slower "
+                f"than {denominator['method']} ({denominator['tokens_per_s']:.1f}); likely cause: {cause} "
+                f"(tree: auto sizes trees for this machine; dtype: auto picks its fastest dtype)"
+            )
         tpc = r.get("tokens_per_call")
         if tpc and r["speedup_vs_verifier"] and r["speedup_vs_verifier"] > 1.15 * tpc:
             r["warnings"].append(

@@ -210,7 +210,7 @@ def _check_decodes(subcommand: str, model: Any) -> None:
         command = find_command(subcommand).name
         raise ValueError(
             f"{command} decodes prompts, and {name} is a training module that does not; use a decoding "
-            f"config (e.g. configs/tiny_predict.yaml, class DrafterDistillation) with the trained drafter "
+            f"config (e.g. configs/smollm2/predict.yaml, class DrafterDistillation) with the trained drafter "
             f"as model.init_args.drafter"
         )
 

@@ -38,6 +38,9 @@ __all__ = [
     "load_cost_model",
     "save_cost_model",
     "fastest_dtype",
+    "slower_than_plain",
+    "warn_if_slower_than_plain",
+    "SlowerThanPlainWarning",
     "check_dtype_runs",
     "DEFAULT_NODES",
     "DEFAULT_CONTEXTS",
@@ -280,3 +283,46 @@ def fastest_dtype(model: nn.Module, candidates: tuple[torch.dtype, ...] | None =
             cost = cost_model_for(model if dtype == own else copy.deepcopy(model).to(dtype))
         costs[dtype] = cost.verifier_cost(DTYPE_TREE_NODES, DTYPE_CONTEXT)
     return min(costs, key=costs.get)
+
+
+class SlowerThanPlainWarning(UserWarning):
+    """Speculative decoding ran slower than plain decoding of the same verifier on this machine."""
+
+
+def slower_than_plain(
+    tokens_per_s: float, verifier: nn.Module, context: int, mean_accepted: float | None = None
+) -> str | None:
+    """A sentence saying by how much a decode at ``tokens_per_s`` (around ``context`` tokens) was
+    slower than plain decoding's calibrated speed here, and the likely cause; None when it was not.
+
+    The calibrated plain speed is one token per measured one-token step; the cost model is measured
+    on first use (:func:`cost_model_for`)."""
+    if not tokens_per_s or tokens_per_s != tokens_per_s:  # 0 or NaN: nothing measured
+        return None
+    cost = cost_model_for(verifier)
+    plain = 1e3 / cost.step_cost(context)
+    if tokens_per_s >= plain:
+        return None
+    rel = cost.relative(context)
+    tree = rel.get(8) or cost.verifier_cost(8, context) / cost.step_cost(context)
+    if mean_accepted is not None and mean_accepted < 0.5:
+        cause = (
+            f"the drafts are rarely accepted ({mean_accepted:.2f} draft tokens per verifier call), while a "
+            f"tree of 8 nodes costs {tree:.2f} one-token steps here"
+        )
+    else:
+        cause = f"multi-token forwards are costly here (8 tokens: {tree:.2f} steps; {cost.key.get('dtype')})"
+    return (
+        f"speculative decoding ran at {tokens_per_s:.1f} tok/s, {plain / tokens_per_s:.2f}x slower than "
+        f"plain decoding's calibrated {plain:.1f} tok/s on this machine; likely cause: {cause}. "
+        f"Use tree='auto' (the default), dtype='auto', or decode without a drafter"
+    )
+
+
+def warn_if_slower_than_plain(
+    tokens_per_s: float, verifier: nn.Module, context: int, mean_accepted: float | None = None
+) -> None:
+    """:func:`slower_than_plain` as a :class:`SlowerThanPlainWarning` (shown once per call site)."""
+    message = slower_than_plain(tokens_per_s, verifier, context, mean_accepted)
+    if message is not None:
+        warnings.warn(message, SlowerThanPlainWarning, stacklevel=3)

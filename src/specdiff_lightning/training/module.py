@@ -11,6 +11,7 @@ import lightning as L
 import torch
 
 from ..constants import IGNORE_INDEX
+from ..decoding.calibration import warn_if_slower_than_plain
 from ..decoding.config import DecodingConfig
 from ..decoding.generate import speculative_generate, verifier_generate
 from ..decoding.timing import throughput, timed
@@ -272,6 +273,13 @@ class DrafterDistillation(L.LightningModule):
                 row.update(baseline_wall_time=base_wall, baseline_new_tokens=base_new)
                 if stats.new_tokens > 1 and base_new > 1:
                     row["speedup"] = throughput(stats.new_tokens, wall) / throughput(base_new, base_wall)
+            # once per run: a decode slower than this machine's calibrated plain decoding
+            warn_if_slower_than_plain(
+                throughput(stats.new_tokens, wall),
+                self.verifier,
+                ids.shape[1] + stats.new_tokens // 2,
+                stats.mean_accepted,
+            )
             rows.append(row)
         return rows
 
