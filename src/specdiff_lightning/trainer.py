@@ -88,6 +88,7 @@ class SpecDiffTrainer(L.Trainer):
         ar_drafter_kwargs: dict | None = None,
         extra_drafters: dict[str, str] | None = None,
         ckpt_path: str | None = None,
+        calibrate: bool = False,
     ) -> dict:
         """Decode the data module's prompts with every method, side by side in this process.
 
@@ -110,7 +111,18 @@ class SpecDiffTrainer(L.Trainer):
                 slices of the verifier included), e.g. the undistilled one; each gets a K=1 and a
                 K=8 SpecDiff-2 row.
             ckpt_path: a ``fit`` checkpoint whose drafter weights to benchmark.
+            calibrate: measure (again) this machine's cost model of the verifier in float32 and
+                bfloat16, print it, write ``calibration.{json,md,png}`` to ``output_dir`` and stop:
+                what ``tree: auto`` and ``dtype: auto`` read.
         """
+        if calibrate:
+            from .bench.calibrate import calibrate_verifier, write_calibration
+
+            report = calibrate_verifier(model.verifier.to(self.strategy.root_device), refresh=True)
+            out = write_calibration(report, output_dir)
+            print((out / "calibration.md").read_text())
+            print(f"calibration written to {out}/ (calibration.json, calibration.md, calibration.png)")
+            return report
         from .bench import (
             default_methods,
             extra_drafter_methods,

@@ -213,3 +213,28 @@ def test_generate_corpus_with_the_shipped_smollm2_verifier(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     manifest = _generate_corpus(["--config", str(CONFIGS / "smollm2" / "drafter_mdm.yaml")], tmp_path)
     assert sorted(manifest["done"]) == ["a", "b"]
+
+
+def test_bench_calibrate_prints_and_plots_the_machines_cost_model(tmp_path, monkeypatch, capsys):
+    """Issue 17: `bench --calibrate true` measures the verifier in float32 and bfloat16 and stops."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "calibration"
+    args = [
+        "bench",
+        "--config",
+        str(CONFIGS / "tiny_predict.yaml"),
+        "--config",
+        str(CONFIGS / "tiny_bench.yaml"),
+        "--calibrate",
+        "true",
+        "--output_dir",
+        str(out),
+        *QUIET,
+    ]
+    assert main(args) == 0
+    report = json.loads((out / "calibration.json").read_text())
+    assert set(report["cost_models"]) == {"float32", "bfloat16"}
+    assert report["fastest_dtype"] in report["cost_models"] and report["machine"]["cpu"]
+    assert (out / "calibration.png").stat().st_size > 0
+    assert "| float32 |" in capsys.readouterr().out
+    assert not (out / "bench.json").exists()  # calibration only

@@ -1,0 +1,106 @@
+"""``bench --calibrate``: this machine's cost model of the verifier in each dtype, as a table and a plot.
+
+What ``tree: auto`` and ``dtype: auto`` read (:mod:`specdiff_lightning.decoding.calibration`): the
+verifier's forward time over n new tokens, relative to a one-token step, per dtype.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..decoding.calibration import DTYPE_CONTEXT, DTYPE_TREE_NODES, cost_model_for, machine_info
+
+__all__ = ["calibrate_verifier", "calibration_table", "plot_calibration", "write_calibration"]
+
+
+def calibrate_verifier(
+    verifier: nn.Module, dtypes: tuple[str, ...] = ("float32", "bfloat16"), refresh: bool = False
+) -> dict:
+    """``{"machine", "context", "fastest_dtype", "cost_models": {dtype: CostModel dict}}`` for
+    ``verifier`` cast to each of ``dtypes`` (cached cost models are reused unless ``refresh``)."""
+    own = next(verifier.parameters()).dtype
+    models = {}
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        model = verifier if dtype == own else copy.deepcopy(verifier).to(dtype)
+        models[name] = cost_model_for(model, refresh=refresh)
+    fastest = min(models, key=lambda d: models[d].verifier_cost(DTYPE_TREE_NODES, DTYPE_CONTEXT))
+    return {
+        "machine": machine_info(next(verifier.parameters()).device),
+        "context": DTYPE_CONTEXT,
+        "fastest_dtype": fastest,
+        "cost_models": {d: m.to_dict() for d, m in models.items()},
+    }
+
+
+def calibration_table(report: dict) -> str:
+    """Markdown: per dtype, the one-token step and the relative cost of each measured tree size."""
+    from ..decoding.costmodel import CostModel
+
+    context = report["context"]
+    models = {d: CostModel.from_dict(m) for d, m in report["cost_models"].items()}
+    nodes = next(iter(models.values())).nodes
+    machine = report["machine"]
+    lines = [
+        f"## Calibration: {machine['cpu']} ({', '.join(machine['cpu_flags']) or 'no AVX flags'}; "
+        f"torch kernels {machine['cpu_capability']}, {machine['threads']} threads"
+        + (f"; env {machine['env']}" if machine.get("env") else "")
+        + ")",
+        "",
+        f"Verifier forward over n new tokens after {context} cached ones, as a multiple of a one-token step "
+        f"(medians, non-decreasing); fastest dtype here (by an {DTYPE_TREE_NODES}-node tree): "
+        f"**{report['fastest_dtype']}**.",
+        "",
+        "| dtype | 1 token | " + " | ".join(str(n) for n in nodes[1:]) + " |",
+        "|---|---:|" + "---:|" * (len(nodes) - 1),
+    ]
+    for dtype, model in models.items():
+        rel = model.relative(context)
+        cells = " | ".join(f"{rel[n]:.2f}x" for n in nodes[1:])
+        lines.append(f"| {dtype} | {model.step_cost(context):.1f} ms | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_calibration(report: dict, path: str | Path) -> None:
+    """Milliseconds against tree size, one line per dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..decoding.costmodel import CostModel
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for dtype, data in report["cost_models"].items():
+        model = CostModel.from_dict(data)
+        ax.plot(
+            model.nodes,
+            [model.verifier_cost(n, report["context"]) for n in model.nodes],
+            marker="o",
+            label=dtype,
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tree nodes (new tokens in one verifier forward)")
+    ax.set_ylabel("ms (median)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Verifier cost on {report['machine']['cpu'][:40]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_calibration(report: dict, output_dir: str | Path) -> Path:
+    """``calibration.json``, ``calibration.md`` and ``calibration.png`` in ``output_dir``."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "calibration.json").write_text(json.dumps(report, indent=1))
+    (out / "calibration.md").write_text(calibration_table(report))
+    plot_calibration(report, out / "calibration.png")
+    return out
