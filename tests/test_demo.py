@@ -1,6 +1,7 @@
 """The built-in pair: shipped assets, the stdlib corpus split, and the demo pipeline (smoke preset)."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,29 @@ def test_smollm2_rows_name_shipped_drafters_and_unique_keys():
     assert {k.removesuffix("_fp32") for k in keys if k.endswith("_fp32")} - {"hf_generate", "verifier"} <= {
         k.removesuffix("_bf16") for k in keys
     }
+
+
+def test_the_smollm2_demo_is_sized_from_the_calibration_to_its_budget():
+    """Issue 17: at least 10 problems x 128 tokens on any CPU; fewer repeats, then no ablations, where
+    steps are slow; more problems where they are fast."""
+    from specdiff_lightning.demo.smollm2 import (
+        SMOL_PRESETS,
+        estimate_seconds,
+        size_to_budget,
+        smollm2_methods,
+    )
+
+    p = SMOL_PRESETS["smollm2"]
+    full = smollm2_methods(p, "bfloat16")
+    fast, problems, plan = size_to_budget(full, p, {"float32": 1.0, "bfloat16": 1.0})
+    assert fast == full and problems == p.max_problems and not plan["reductions"]
+    # an AVX2-only CPU: float32 is the fast dtype and a step costs ~80 ms
+    slow_rows = smollm2_methods(replace(p, dtypes=("float32",)), "float32")
+    rows, problems, plan = size_to_budget(slow_rows, replace(p, dtypes=("float32",)), {"float32": 80.0})
+    assert problems == p.problems and plan["reductions"]
+    assert len(rows) < len(slow_rows) and {"hf_generate_fp32", "specdiff2_fc_auto_fp32"} <= {
+        r.key for r in rows
+    }
+    assert estimate_seconds(rows, p, {"float32": 80.0}, problems) < estimate_seconds(
+        slow_rows, p, {"float32": 80.0}, problems
+    )

@@ -59,6 +59,14 @@ class SmolPreset:
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
     #: method keys to run (None: all of :func:`smollm2_methods`)
     only: tuple[str, ...] | None = None
+    #: seconds the bench may take (None: ``problems`` as given). The demo estimates each decode from
+    #: the calibration's one-token step and sizes the run to fit (:func:`size_to_budget`): at least
+    #: ``problems`` problems, up to ``max_problems`` where the machine allows, fewer repeats of the
+    #: peers and then no ablation rows where it is slow. ~12 of the 20 minutes of a fresh-clone
+    #: ``make demo``: the rest installs the environment, converts the verifier, calibrates and
+    #: measures the drafter's cost curve.
+    bench_budget_s: float | None = 720.0
+    max_problems: int = 40
     extra: dict = field(default_factory=dict)
 
 
@@ -72,6 +80,7 @@ SMOL_PRESETS = {
         repeats=1,
         warmup=0,
         cost_contexts=(64, 128),
+        bench_budget_s=None,
     ),
 }
 
@@ -241,6 +250,64 @@ def smollm2_methods(p: SmolPreset, fast: str = "bfloat16") -> list:
     return rows
 
 
+#: a decode's cost per new token in one-token verifier steps of its dtype, by row kind: a-priori
+#: figures from earlier demo runs (HF generate ~1 step a token, prompt lookup ~0.8, the AR-drafter
+#: peers ~2, SpecDiff-2 rows ~0.7, pessimistic where bf16 is emulated). Only the run's size reads them.
+_STEPS_PER_TOKEN = {"hf": 1.0, "verifier": 1.0, "hf_prompt_lookup": 0.8, "hf_assisted": 2.1, "sps": 2.0}
+_SPECULATIVE_STEPS = 0.7
+#: reductions tried in turn while the run does not fit: (row keys' prefixes, new repeats; 0: drop)
+_REDUCTIONS = (
+    (("hf_assisted", "sps", "specdiff2_fc_k1_lookup"), 1),
+    (("hf_prompt_lookup",), 1),
+    (("specdiff2_k", "mdm_k1", "specdiff2_fc_k1_"), 0),
+    (("hf_generate", "specdiff2_fc_auto"), 2),
+)
+
+
+def estimate_seconds(methods: list, p: SmolPreset, step_ms: dict[str, float], problems: int) -> float:
+    """The bench's expected seconds: each row's decodes (repeats, plus a warm-up per row) of
+    ``max_new_tokens`` at its kind's steps per token times its dtype's one-token step."""
+    total = 0.0
+    for m in methods:
+        repeats = p.repeats if m.repeats is None else m.repeats
+        steps = _STEPS_PER_TOKEN.get(m.kind, _SPECULATIVE_STEPS)
+        per_decode = p.max_new_tokens * steps * step_ms[m.dtype] / 1e3
+        total += per_decode * (repeats * problems + p.warmup)
+    return total
+
+
+def size_to_budget(methods: list, p: SmolPreset, step_ms: dict[str, float]) -> tuple[list, int, dict]:
+    """Rows and problem count that fit ``p.bench_budget_s``: ``p.problems`` at least, more up to
+    ``p.max_problems`` where they fit; where even the minimum does not, the reductions of
+    :data:`_REDUCTIONS` in turn. Returns ``(methods, problems, plan)``, the plan saying what was cut."""
+    from dataclasses import replace as _replace
+
+    plan = {"budget_s": p.bench_budget_s, "step_ms": step_ms, "reductions": []}
+    if p.bench_budget_s is None:
+        return methods, p.problems, plan
+    for prefixes, repeats in _REDUCTIONS:
+        if estimate_seconds(methods, p, step_ms, p.problems) <= p.bench_budget_s:
+            break
+        hit = [m for m in methods if m.key.startswith(prefixes)]
+        if repeats == 0:
+            methods = [m for m in methods if m not in hit]
+        else:
+            methods = [
+                _replace(m, repeats=min(repeats, p.repeats if m.repeats is None else m.repeats))
+                if m in hit
+                else m
+                for m in methods
+            ]
+        plan["reductions"].append({"rows": [m.key for m in hit], "repeats": repeats})
+    problems = p.problems
+    while (
+        problems < p.max_problems and estimate_seconds(methods, p, step_ms, problems + 1) <= p.bench_budget_s
+    ):
+        problems += 1
+    plan["estimated_s"] = estimate_seconds(methods, p, step_ms, problems)
+    return methods, problems, plan
+
+
 def smollm2_targets(num_drafts: int, machine: dict | None = None) -> list:
     """The issues' targets, rows looked up by role and key; the speed-up asked for depends on the
     machine class (2.0x where the CPU has bf16 instructions, 1.3x where bf16 is emulated)."""
@@ -368,18 +435,26 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     tokenizer = load_tokenizer(VERIFIER)
     fast, calibration = _calibrate(p)
     p = replace(p, dtypes=tuple(d for d in p.dtypes if d in ("float32", fast)))
-    print(f"fast dtype here: {fast} ({'; '.join(c['summary'] for c in calibration.values())})", flush=True)
+    print(f"fast dtype here (measured): {fast}", flush=True)
     models = {}
     for dtype in p.dtypes:
         verifier, drafters = load_smollm2_pair(dtype, assets, p.head_vocab, p.cache_window)
         models[dtype] = BenchModels(verifier, drafters)
     print(f"loaded in {time.perf_counter() - start:.0f} s", flush=True)
+    from ..decoding.calibration import DTYPE_CONTEXT
+    from ..decoding.costmodel import CostModel
+
+    step_ms = {
+        d: CostModel.from_dict(c).step_cost(DTYPE_CONTEXT) for d, c in calibration["cost_models"].items()
+    }
+    methods, problems, plan = size_to_budget(smollm2_methods(p, fast), p, step_ms)
     print(
-        f"=== 2/4 HumanEval: problems {DEV_PROBLEMS}-{DEV_PROBLEMS + p.problems - 1} (held out from tuning) "
-        f"through the chat template ===",
+        f"=== 2/4 HumanEval: problems {DEV_PROBLEMS}-{DEV_PROBLEMS + problems - 1} (held out from tuning) "
+        f"through the chat template; sized for a {p.bench_budget_s or 0:.0f} s bench: "
+        f"{plan.get('estimated_s', 0):.0f} s estimated, {len(plan['reductions'])} reduction(s) ===",
         flush=True,
     )
-    prompts = _prompts(tokenizer, p.problems)
+    prompts = _prompts(tokenizer, problems)
     cfg = DecodingConfig(
         max_new_tokens=p.max_new_tokens,
         gamma=p.gamma,
@@ -388,9 +463,8 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     def score(row, tokens):
         return passes(row["problem"], tokenizer.decode(tokens, skip_special_tokens=True))
 
-    methods = smollm2_methods(p, fast)
     print(
-        f"=== 3/4 bench: {len(methods)} rows x {p.problems} problems x {p.repeats} repeats, interleaved ===",
+        f"=== 3/4 bench: {len(methods)} rows x {problems} problems x up to {p.repeats} repeats, interleaved ===",
         flush=True,
     )
     report = run_bench(
@@ -421,11 +495,14 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     report["drafter_cost_drafter"] = cost_drafter
     window = getattr(models[fastest].drafters[cost_drafter], "cache_window", None)
     report["drafter_cost_cache_window"] = window
+    from ..bench.calibrate import calibration_table, write_calibration
     from ..decoding.calibration import machine_info
 
     report["machine"] = {**report.get("machine", {}), **machine_info()}  # + CPU model and kernel flags
     report["calibration"] = calibration
+    write_calibration(calibration, out)
     report["fast_dtype"] = fast
+    report["sizing"] = plan
     report["split"] = {"dev": f"HumanEval/0-{DEV_PROBLEMS - 1}", "reported": [r["id"] for r in prompts]}
     text, results = check_targets(report, smollm2_targets(p.num_drafts, report["machine"]))
     report["targets"] = results
@@ -434,6 +511,7 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     (out / "targets.md").write_text(text)
     with open(out / "bench.md", "a") as f:
         f.write("\n" + _cost_table(report["drafter_cost"], fastest, cost_drafter, window) + "\n" + text)
+        f.write("\n" + calibration_table(calibration))
     print((out / "bench.md").read_text())
     print(f"demo finished in {time.perf_counter() - start:.0f} s; outputs in {out}/")
     (out / "demo.json").write_text(json.dumps({"seconds": time.perf_counter() - start, "preset": preset}))
@@ -441,24 +519,15 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
 
 
 def _calibrate(p: SmolPreset) -> tuple[str, dict]:
-    """The fast dtype of this machine for the verifier and the cost models that chose it."""
+    """The fast dtype of this machine for the verifier and the calibration that chose it
+    (:func:`~specdiff_lightning.bench.calibrate.calibrate_verifier`; cached cost models reused)."""
     import torch
 
-    from ..decoding.calibration import DTYPE_CONTEXT, DTYPE_TREE_NODES, cost_model_for
-    from ..decoding.costmodel import CostModel
+    from ..bench.calibrate import calibrate_verifier
     from ..models.loading import load_verifier
 
-    verifier = load_verifier(VERIFIER, dtype=torch.float32)
-    calibration = {}
-    for dtype in p.dtypes:
-        model = verifier if dtype == "float32" else load_verifier(VERIFIER, dtype=getattr(torch, dtype))
-        cost = cost_model_for(model)
-        calibration[dtype] = {**cost.to_dict(), "summary": cost.summary(DTYPE_CONTEXT)}
-    fast = min(
-        calibration,
-        key=lambda d: CostModel.from_dict(calibration[d]).verifier_cost(DTYPE_TREE_NODES, DTYPE_CONTEXT),
-    )
-    return fast, calibration
+    report = calibrate_verifier(load_verifier(VERIFIER, dtype=torch.float32), p.dtypes)
+    return report["fastest_dtype"], report
 
 
 def _cost_drafter(models) -> str:
