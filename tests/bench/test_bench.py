@@ -98,3 +98,24 @@ def test_a_repeated_settings_row_is_refused_naming_the_fix():
     rows = setting_methods([{"num_drafts": 2}, {"num_drafts": 2}])
     with pytest.raises(ValueError, match=r"name more than one row; give a repeated `settings` row a `key`"):
         run_bench(model.verifier, model.drafter, [{"id": "a", "prompt_ids": [1, 2]}], model.decoding, rows)
+
+
+@pytest.mark.slow
+def test_the_compiled_peer_runs_on_its_own_copy_and_matches_generate():
+    """Issue 17: HF generate with a static cache and torch.compile, warmed up past its recompiles, on
+    a copy of the verifier (no other row runs a compiled model); float32 output equals generate()."""
+    from specdiff_lightning.bench.runners import _compile_config, compiled_copy, hf_generate
+    from specdiff_lightning.decoding.config import DecodingConfig
+    from specdiff_lightning.models import tiny_model
+
+    verifier = tiny_model("llama", vocab_size=64, hidden_size=32, num_layers=1, seed=3)
+    model, seconds = compiled_copy(verifier)
+    assert model is not verifier and seconds > 0 and compiled_copy(verifier)[0] is model
+    cfg = DecodingConfig(gamma=4, max_new_tokens=12)
+    for length in (5, 9):
+        ids = torch.arange(1, length + 1)[None]
+        compiled = hf_generate(
+            model, ids, cfg, cache_implementation="static", compile_config=_compile_config()
+        )
+        assert compiled == hf_generate(verifier, ids, cfg)
+    assert getattr(verifier, "_compiled_call", None) is None  # the shared verifier stays eager

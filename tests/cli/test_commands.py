@@ -16,7 +16,9 @@ from specdiff_lightning.cli import main
 ROOT = Path(__file__).parents[2]
 CONFIGS = ROOT / "configs"
 QUIET = ["--trainer.enable_progress_bar", "false"]
-SMOLLM2_RECIPES = sorted((CONFIGS / "smollm2").glob("*.yaml"))
+SMOLLM2_RECIPES = sorted(
+    p for p in (CONFIGS / "smollm2").glob("*.yaml") if p.stem not in ("predict", "bench")
+)
 
 
 def _tiny_slice_recipe(config: Path) -> list[str]:

@@ -36,6 +36,7 @@ ROLES = (
 _DEFAULT_ROLE = {
     "verifier": "verifier",
     "hf": "hf_generate",
+    "hf_compiled": "hf_generate",  # plain decoding too: the denominator is the fastest of them
     "hf_prompt_lookup": "hf_prompt_lookup",
     "hf_assisted": "hf_assisted",
     "sps": "sps",
@@ -50,7 +51,8 @@ class BenchMethod:
     Attributes:
         name: the label shown in tables and plots.
         kind: which runner decodes it (a key of ``bench.runners.RUNNERS``): ``verifier`` (our loop,
-            no drafter), ``hf`` (``generate()``), ``hf_prompt_lookup``, ``hf_assisted`` (``generate(assistant_model=
+            no drafter), ``hf`` (``generate()``), ``hf_compiled`` (``generate()`` with a static cache
+            and a compiled forward, on its own model copy), ``hf_prompt_lookup``, ``hf_assisted`` (``generate(assistant_model=
             the AR drafter)``), ``sps`` (our loop, AR drafter), ``diffusion`` (our loop, a diffusion drafter).
         decoding: overrides of the run's :class:`DecodingConfig` (diffusion rows also shape their
             draft trees through its ``tree`` and ``lookup``).

@@ -170,6 +170,11 @@ def run_bench(
                 passed if score else None,
             )
         )
+    for row in rows:
+        if row["compiled"]:  # the compiled peer: what its compilation (untimed warm-up) took
+            from .runners import compiled_copy
+
+            row["compile_s"] = compiled_copy(models[row["dtype"]].verifier)[1]
     _speedups(rows)
     for row in rows:
         for warning in row["warnings"]:
@@ -271,6 +276,7 @@ def _row(m, dtype, cfg, prompts, samples, reference, profiler, passed) -> dict:
         "pass_at_1": None if passed is None else sum(e["passed"] for e in per_prompt) / len(per_prompt),
         "per_prompt": per_prompt,
         "warnings": [],
+        "compiled": m.kind == "hf_compiled",
     }
     row["identical_to_verifier"] = row["identical"]
     if first[prompts[0]["id"]].verifier_calls is not None:

@@ -7,6 +7,7 @@ loops, with per-round statistics).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -63,6 +64,54 @@ def _hf(models, method, cfg, ids, generator, profiler):
     return hf_generate(models.verifier, ids, cfg)
 
 
+#: the compiled peer's own model copy per verifier (a weak key: it goes with the verifier), so no
+#: other row ever runs a compiled model; and the seconds its compilation took
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _compile_config():
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=False, dynamic=None, mode="default")
+    # transformers compiles on accelerators only unless asked; on a CPU inductor compiles C++
+    config._compile_all_devices = True
+    return config
+
+
+def compiled_copy(verifier: nn.Module) -> tuple[nn.Module, float]:
+    """``(a copy of verifier, compile seconds)``: the copy's ``generate`` runs a static cache and a
+    ``torch.compile``d forward (transformers' ``CompileConfig``). It is warmed up on two prompt
+    lengths (the second compiles shape-dynamic), so timed decodes of any length never recompile."""
+    import copy
+    import time
+
+    if verifier in _COMPILED:
+        return _COMPILED[verifier]
+    model = copy.deepcopy(verifier)
+    start = time.perf_counter()
+    device = next(model.parameters()).device
+    for length in (17, 23):
+        ids = torch.randint(
+            0, int(model.config.vocab_size), (1, length), generator=torch.Generator().manual_seed(0)
+        )
+        model.generate(
+            ids.to(device),
+            attention_mask=torch.ones_like(ids).to(device),
+            do_sample=False,
+            max_new_tokens=8,
+            pad_token_id=0,
+            cache_implementation="static",
+            compile_config=_compile_config(),
+        )
+    _COMPILED[verifier] = (model, time.perf_counter() - start)
+    return _COMPILED[verifier]
+
+
+def _hf_compiled(models, method, cfg, ids, generator, profiler):
+    model, _ = compiled_copy(models.verifier)
+    return hf_generate(model, ids, cfg, cache_implementation="static", compile_config=_compile_config())
+
+
 def _hf_prompt_lookup(models, method, cfg, ids, generator, profiler):
     return hf_generate(models.verifier, ids, cfg, prompt_lookup_num_tokens=cfg.gamma)
 
@@ -99,6 +148,7 @@ def _diffusion(models, method, cfg, ids, generator, profiler):
 RUNNERS: dict[str, Callable] = {
     "verifier": _verifier,
     "hf": _hf,
+    "hf_compiled": _hf_compiled,
     "hf_prompt_lookup": _hf_prompt_lookup,
     "hf_assisted": _hf_assisted,
     "sps": _sps,
