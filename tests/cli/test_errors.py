@@ -62,7 +62,7 @@ def test_a_training_config_given_to_predict_is_named(capsys):
     config = ROOT / "configs" / "smollm2" / "drafter_mdm.yaml"
     assert main(["predict", "--config", str(config)]) == 1
     error = _one_error(capsys)
-    assert "SliceDrafterTraining is a training module" in error and "configs/tiny_predict.yaml" in error
+    assert "SliceDrafterTraining is a training module" in error and "configs/smollm2/predict.yaml" in error
 
 
 def test_the_projects_own_error_is_not_wrapped_by_jsonargparse(capsys):
