@@ -87,7 +87,7 @@ def test_the_smollm2_demo_is_sized_from_the_calibration_to_its_budget():
     # an AVX2-only CPU: float32 is the fast dtype and a step costs ~80 ms
     slow_rows = smollm2_methods(replace(p, dtypes=("float32",)), "float32")
     rows, problems, plan = size_to_budget(slow_rows, replace(p, dtypes=("float32",)), {"float32": 80.0})
-    assert problems == p.problems and plan["reductions"]
+    assert problems >= p.problems and plan["reductions"]
     assert len(rows) < len(slow_rows) and {"hf_generate_fp32", "specdiff2_fc_auto_fp32"} <= {
         r.key for r in rows
     }

@@ -27,6 +27,7 @@ from torch import nn
 from ..paths import cache_root
 from .attention import to_model_mask
 from .costmodel import COST_MODEL_VERSION, CostModel, isotonic
+from .kernels import choose_linear_kernels, linear_kernel_rows, use_linear_kernels
 from .timing import now
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "load_cost_model",
     "save_cost_model",
     "fastest_dtype",
+    "prepare_kernels",
     "slower_than_plain",
     "warn_if_slower_than_plain",
     "SlowerThanPlainWarning",
@@ -102,6 +104,7 @@ def _model_id(model: nn.Module) -> dict:
         "kv_heads": int(getattr(config, "num_key_value_heads", 0) or 0),
         "vocab": int(getattr(config, "vocab_size", 0)),
         "attention": str(getattr(config, "_attn_implementation", "")),
+        "linear_kernels": linear_kernel_rows(model),
     }
 
 
@@ -277,12 +280,37 @@ def fastest_dtype(model: nn.Module, candidates: tuple[torch.dtype, ...] | None =
     own = next(model.parameters()).dtype
     costs = {}
     for dtype in candidates:
-        key = calibration_key(model, dtype)
-        cost = load_cost_model(_path(key, None), key)
-        if cost is None:
-            cost = cost_model_for(model if dtype == own else copy.deepcopy(model).to(dtype))
-        costs[dtype] = cost.verifier_cost(DTYPE_TREE_NODES, DTYPE_CONTEXT)
+        candidate = model if dtype == own else prepare_kernels(copy.deepcopy(model).to(dtype))
+        costs[dtype] = cost_model_for(candidate).verifier_cost(DTYPE_TREE_NODES, DTYPE_CONTEXT)
     return min(costs, key=costs.get)
+
+
+def prepare_kernels(model: nn.Module) -> nn.Module:
+    """``model`` with the linear kernels measured fastest here for its dtype
+    (:func:`~.kernels.choose_linear_kernels`), the choice cached on disk beside the cost models so
+    every process makes the same one (and so reads the same cost model). Returns ``model``."""
+    use_linear_kernels(model, set())
+    key = calibration_key(model)
+    path = (calibration_dir()) / f"kernels-{key['dtype']}-{_key_hash(key)}.json"
+    rows = None
+    try:
+        data = json.loads(path.read_text())
+        if data.get("key") == key:
+            rows = set(int(r) for r in data["rows"])
+    except (OSError, ValueError, KeyError, TypeError):
+        rows = None
+    if rows is None:
+        rows = choose_linear_kernels(model)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"key": key, "rows": sorted(rows)}, f)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except OSError as err:
+            warnings.warn(f"could not cache the kernel choice in {path} ({err})", stacklevel=2)
+    return use_linear_kernels(model, rows)
 
 
 class SlowerThanPlainWarning(UserWarning):

@@ -57,6 +57,7 @@ def load_verifier(
     dtype: str | torch.dtype | None = "auto",
     attn_implementation: str = GROUPED_SDPA,
     tiny: dict | None = None,
+    kernels: str | None = "auto",
     **model_kwargs,
 ) -> PreTrainedModel:
     """A frozen causal LM in eval mode with gradients off.
@@ -75,9 +76,13 @@ def load_verifier(
             bfloat16 by their measured cost of a draft tree's forward, cached per machine; on a GPU
             bfloat16 where supported). Tiny presets are test models: "auto" is float32 for them.
             ``model.dtype_choice`` says what "auto" chose.
+        kernels: ``"auto"`` (default): the linear layers compute few-row products with the kernel
+            measured faster here (:mod:`~specdiff_lightning.decoding.kernels`: ``W @ x^T`` where
+            float32 ``F.linear``'s small-M path is slow; chosen once per machine, model and dtype);
+            None: stock ``F.linear``. Tiny presets always use stock kernels.
         model_kwargs: passed to ``from_pretrained`` (``device_map``, ``revision``...).
     """
-    from ..decoding.calibration import check_dtype_runs, fastest_dtype
+    from ..decoding.calibration import check_dtype_runs, fastest_dtype, prepare_kernels
 
     dtype = resolve_dtype(dtype)
     auto = dtype == "auto" or dtype is None
@@ -99,10 +104,14 @@ def load_verifier(
         )
     model.eval()
     model.requires_grad_(False)
+    if kernels == "auto" and not spec.startswith(TINY_PREFIX):
+        prepare_kernels(model)
     if auto:
         chosen = fastest_dtype(model)
         if chosen != model.dtype:
             model.to(chosen)
+            if kernels == "auto":
+                prepare_kernels(model)
         model.dtype_choice = f"auto: {str(chosen).removeprefix('torch.')} (fastest measured here)"
     else:
         check_dtype_runs(next(model.parameters()).dtype, next(model.parameters()).device)
