@@ -13,7 +13,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..decoding.calibration import DTYPE_CONTEXT, DTYPE_TREE_NODES, cost_model_for, machine_info
+from ..decoding.calibration import (
+    DTYPE_CONTEXT,
+    DTYPE_TREE_NODES,
+    cost_model_for,
+    machine_info,
+    prepare_kernels,
+)
 
 __all__ = ["calibrate_verifier", "calibration_table", "plot_calibration", "write_calibration"]
 
@@ -28,6 +34,9 @@ def calibrate_verifier(
     for name in dtypes:
         dtype = getattr(torch, name)
         model = verifier if dtype == own else copy.deepcopy(verifier).to(dtype)
+        if model is not verifier and hasattr(verifier, "linear_kernel_rows"):
+            # the verifier's kernels were chosen for its own dtype: choose this dtype's
+            prepare_kernels(model)
         models[name] = cost_model_for(model, refresh=refresh)
     fastest = min(models, key=lambda d: models[d].verifier_cost(DTYPE_TREE_NODES, DTYPE_CONTEXT))
     return {
@@ -56,13 +65,14 @@ def calibration_table(report: dict) -> str:
         f"(medians, non-decreasing); fastest dtype here (by an {DTYPE_TREE_NODES}-node tree): "
         f"**{report['fastest_dtype']}**.",
         "",
-        "| dtype | 1 token | " + " | ".join(str(n) for n in nodes[1:]) + " |",
-        "|---|---:|" + "---:|" * (len(nodes) - 1),
+        "| dtype | 1 token | " + " | ".join(str(n) for n in nodes[1:]) + " | rows computed W @ x^T |",
+        "|---|---:|" + "---:|" * (len(nodes) - 1) + "---|",
     ]
     for dtype, model in models.items():
         rel = model.relative(context)
         cells = " | ".join(f"{rel[n]:.2f}x" for n in nodes[1:])
-        lines.append(f"| {dtype} | {model.step_cost(context):.1f} ms | {cells} |")
+        rows = model.key.get("model", {}).get("linear_kernels") or "none"
+        lines.append(f"| {dtype} | {model.step_cost(context):.1f} ms | {cells} | {rows} |")
     return "\n".join(lines) + "\n"
 
 
