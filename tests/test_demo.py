@@ -94,3 +94,15 @@ def test_the_smollm2_demo_is_sized_from_the_calibration_to_its_budget():
     assert estimate_seconds(rows, p, {"float32": 80.0}, problems) < estimate_seconds(
         slow_rows, p, {"float32": 80.0}, problems
     )
+
+
+def test_the_speed_target_follows_the_machine_class_torch_kernels_use():
+    from specdiff_lightning.demo.smollm2 import smollm2_targets
+
+    def bound(machine):
+        return smollm2_targets(4, machine)[0].bound
+
+    flags = ["avx2", "avx512f", "avx512_bf16"]
+    assert bound({"cpu_flags": flags, "cpu_capability": "AVX512"}) == 2.0
+    assert bound({"cpu_flags": flags, "cpu_capability": "AVX2"}) == 1.3  # the AVX2 emulation
+    assert bound({"cpu_flags": ["avx2"], "cpu_capability": "AVX2"}) == 1.3

@@ -369,7 +369,10 @@ def smollm2_targets(num_drafts: int, machine: dict | None = None) -> list:
         )
 
     flags = set((machine or {}).get("cpu_flags", ()))
-    fast_bf16 = bool(flags & {"avx512_bf16", "amx_bf16"})
+    # the class is what torch's kernels use: bf16 instructions present and not capped (the AVX2
+    # emulation sets ATEN_CPU_CAPABILITY=avx2 on a CPU that has them)
+    capability = str((machine or {}).get("cpu_capability", "AVX512"))
+    fast_bf16 = bool(flags & {"avx512_bf16", "amx_bf16"}) and capability.startswith("AVX512")
 
     def auto_row(r):
         rows = [x for x in r["rows"] if x["key"].startswith("specdiff2_fc_auto") and x.get("tokens_per_s")]
