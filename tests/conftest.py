@@ -16,13 +16,17 @@ def _calibrations_in_a_temporary_directory(tmp_path_factory):
     """Cost models measured by tests (tiny models, tree: auto) go to a directory of the session's."""
     import os
 
-    previous = os.environ.get("SPECDIFF_CALIBRATION_DIR")
-    os.environ["SPECDIFF_CALIBRATION_DIR"] = str(tmp_path_factory.mktemp("calibration"))
+    # and the compiled peer's kernels (compiled for this session's CPU and kernel level only)
+    names = ("SPECDIFF_CALIBRATION_DIR", "TORCHINDUCTOR_CACHE_DIR")
+    previous = {name: os.environ.get(name) for name in names}
+    for name in names:
+        os.environ[name] = str(tmp_path_factory.mktemp(name.lower()))
     yield
-    if previous is None:
-        os.environ.pop("SPECDIFF_CALIBRATION_DIR", None)
-    else:
-        os.environ["SPECDIFF_CALIBRATION_DIR"] = previous
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(autouse=True)

@@ -87,6 +87,7 @@ def compiled_copy(verifier: nn.Module) -> tuple[nn.Module, float]:
 
     if verifier in _COMPILED:
         return _COMPILED[verifier]
+    _inductor_cache_per_machine()
     model = copy.deepcopy(verifier)
     start = time.perf_counter()
     device = next(model.parameters()).device
@@ -105,6 +106,24 @@ def compiled_copy(verifier: nn.Module) -> tuple[nn.Module, float]:
         )
     _COMPILED[verifier] = (model, time.perf_counter() - start)
     return _COMPILED[verifier]
+
+
+def _inductor_cache_per_machine() -> None:
+    """Keep inductor's compiled kernels apart per machine and kernel level (unless the user chose a
+    directory): a kernel compiled for AVX512 crashes (segfault) when torch runs AVX2 kernels, as
+    after a change of CPU on a kept machine or under ATEN_CPU_CAPABILITY=avx2; measured here."""
+    import hashlib
+    import json
+    import os
+
+    from ..decoding.calibration import machine_info
+    from ..paths import cache_root
+
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return
+    info = machine_info()
+    tag = hashlib.sha1(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor" / f"{info['cpu_capability']}-{tag}")
 
 
 def _hf_compiled(models, method, cfg, ids, generator, profiler):
