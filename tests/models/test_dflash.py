@@ -250,3 +250,63 @@ def test_load_drafter_reads_both_layouts(tmp_path):
         )
     with pytest.raises(ValueError, match="DFlash drafter"):
         load_drafter(str(tmp_path / "hf"), verifier=verifier, steps=2)
+
+
+# ---------------------------------------------------------------------------- z-lab's reference (oracle)
+def _reference():
+    """z-lab's ``dflash`` package: a test dependency (``make venv`` installs it), never skipped."""
+    try:
+        from dflash.model import DFlashDraftModel, dflash_generate, extract_context_feature
+    except ImportError as err:
+        pytest.fail(
+            f"the DFlash interop tests need z-lab's reference package ({err}): "
+            f"pip install --no-deps dflash==0.1.0"
+        )
+    return DFlashDraftModel, dflash_generate, extract_context_feature
+
+
+def test_a_zlab_checkpoint_drafts_the_block_logits_of_zlabs_reference(tmp_path):
+    """A tiny z-lab-layout checkpoint (raw tensors under the published names, sharded, with an
+    auto_map to code that raises): round by round, our cached block logits equal the reference
+    model's over the whole context, its own feature extraction included (target_layer_ids + 1)."""
+    from hub_layout import write_dflash_zlab
+
+    reference_cls, _, extract = _reference()
+    path = write_dflash_zlab(tmp_path / "z", target_layer_ids=TARGETS, mask_token_id=VOCAB - 1, shards=2)
+    verifier = _verifier()
+    with pytest.warns(UserWarning, match="auto_map"):
+        ours = DFlashDrafter.from_pretrained(path, verifier=verifier)
+    theirs = reference_cls.from_pretrained(path, dtype=torch.float64).eval()
+    seq = torch.randint(0, VOCAB - 1, (1, 14), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        states = verifier(input_ids=seq, output_hidden_states=True).hidden_states
+    context = extract(states, theirs.target_layer_ids)  # [1, L, 2H]: z-lab's indexing
+    feats = _features(verifier, seq, ours.feature_layers)[0]  # ours: what the loop hands the drafter
+    ends = [4, 5, 9, 14]
+    ours.observe(feats[: ends[0] - 1])
+    for i, n in enumerate(ends):
+        block = torch.cat([seq[0, n - 1 : n], torch.full((4,), VOCAB - 1)])
+        with torch.no_grad():
+            hidden = theirs(
+                target_hidden=context[:, : n - 1],
+                noise_embedding=verifier.get_input_embeddings()(block[None]),
+                position_ids=torch.arange(n - 1 + 5)[None],
+                use_cache=False,
+            )
+            expected = theirs.compute_logits(hidden[:, 1:], verifier.lm_head)
+            got = ours.block_logits(seq[:, :n])
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+        if i + 1 < len(ends):
+            ours.observe(feats[n - 1 : ends[i + 1] - 1])
+
+
+def test_a_drafter_we_export_runs_greedy_identical_under_zlabs_loop(tmp_path):
+    reference_cls, dflash_generate, _ = _reference()
+    verifier = _verifier()
+    _drafter(verifier).save_pretrained(tmp_path / "z", layout="zlab")
+    theirs = reference_cls.from_pretrained(tmp_path / "z", dtype=torch.float64).eval()
+    ids = torch.randint(0, VOCAB - 1, (1, 6), generator=torch.Generator().manual_seed(8))
+    out = dflash_generate(
+        theirs, target=verifier, input_ids=ids, max_new_tokens=20, stop_token_ids=None, temperature=0.0
+    )
+    assert torch.equal(out, reference_greedy(verifier, ids, 20))

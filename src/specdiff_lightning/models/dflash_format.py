@@ -102,8 +102,53 @@ def _dflash_fields(raw: dict, path: Path) -> dict:
     return fields
 
 
+#: z-lab fields (in dflash_config or at top level) that the stock class does not apply: loadable only
+#: when neutral
+_ZLAB_SCALES = ("input_embedding_scale", "output_multiplier", "final_logit_softcapping")
+#: fields of z-lab's DFlash2 (dynamic convolutions, a candidate selector): another architecture
+_DFLASH2 = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def _check_zlab_variant(raw: dict, path: Path) -> None:
+    """Refuse z-lab variants that the stock class would run differently (rather than draft silently
+    worse): scaled embeddings or logits, a logit softcap, DFlash2, causal or sliding attention (z-lab's
+    reference attends causally in sliding layers; the stock class bidirectionally)."""
+    nested = raw.get("dflash_config") or {}
+
+    def value(name):
+        return nested.get(name, raw.get(name))
+
+    for name in _DFLASH2:
+        if value(name) is not None:
+            raise ValueError(
+                f"{path}/config.json has {name}: a DFlash2 drafter (dynamic convolutions, a candidate selector), "
+                f"which the stock DFlash class cannot run; only DFlash drafters load"
+            )
+    for name in _ZLAB_SCALES:
+        given = value(name)
+        # z-lab's reference applies a softcap only when > 0, the scales when != 1
+        neutral = given is None or (
+            float(given) <= 0 if name == "final_logit_softcapping" else float(given) == 1
+        )
+        if not neutral:
+            raise ValueError(
+                f"{path}/config.json sets {name}={value(name)}, which the stock DFlash class does not apply; "
+                f"this drafter cannot be loaded without changing its drafts"
+            )
+    if (
+        raw.get("is_causal")
+        or raw.get("use_sliding_window")
+        or "sliding_attention" in (raw.get("layer_types") or [])
+    ):
+        raise ValueError(
+            f"{path}/config.json has causal or sliding-window attention layers, which z-lab's reference runs "
+            f"causally and the stock DFlash class bidirectionally; only full-attention drafters load"
+        )
+
+
 def _zlab_to_stock(raw: dict, path: Path) -> dict:
     """The stock config's kwargs for a z-lab (Qwen3-style) config."""
+    _check_zlab_variant(raw, path)
     if raw.get("attention_bias"):
         raise ValueError(
             f"{path}/config.json sets attention_bias=true, but the stock DFlash class has no attention biases; "
@@ -124,19 +169,7 @@ def _zlab_to_stock(raw: dict, path: Path) -> dict:
         kwargs["rope_theta"] = raw.get("rope_theta", 10000.0)
         if raw.get("rope_scaling"):
             kwargs["rope_scaling"] = dict(raw["rope_scaling"])
-    layers = int(raw["num_hidden_layers"])
-    layer_types = raw.get("layer_types")
-    if layer_types is None:
-        # Qwen3's rule: with use_sliding_window, layers from max_window_layers on slide
-        start = int(raw.get("max_window_layers", layers)) if raw.get("use_sliding_window") else layers
-        layer_types = ["full_attention" if i < start else "sliding_attention" for i in range(layers)]
-    kwargs["layer_types"] = list(layer_types)
-    if raw.get("sliding_window") is not None:
-        kwargs["sliding_window"] = int(raw["sliding_window"])
-    elif "sliding_attention" in layer_types:
-        raise ValueError(
-            f"{path}/config.json has sliding-attention layers but sliding_window=null: set the window size"
-        )
+    kwargs["layer_types"] = ["full_attention"] * int(raw["num_hidden_layers"])  # checked above
     return kwargs
 
 
@@ -207,7 +240,11 @@ def _rope_theta_and_scaling(config) -> tuple[float, dict | None]:
 def _zlab_config(config, num_target_layers: int, dtype: torch.dtype) -> dict:
     """z-lab's ``config.json`` for a stock config (the fields their published drafters carry)."""
     theta, scaling = _rope_theta_and_scaling(config)
-    sliding = "sliding_attention" in config.layer_types
+    if "sliding_attention" in config.layer_types:
+        raise ValueError(
+            "sliding-window layers (attended bidirectionally here) run causally in z-lab's reference: "
+            "no z-lab equivalent, save with layout='hf'"
+        )
     dflash = {name: getattr(config, name) for name in _DFLASH_FIELDS}
     out = {name: getattr(config, name, None) for name in _SHARED}
     out.update(
@@ -222,10 +259,10 @@ def _zlab_config(config, num_target_layers: int, dtype: torch.dtype) -> dict:
         num_target_layers=int(num_target_layers),
         rope_scaling=scaling,
         rope_theta=theta,
-        sliding_window=config.sliding_window if sliding else None,
+        sliding_window=None,
         tie_word_embeddings=False,
         use_cache=True,
-        use_sliding_window=sliding,
+        use_sliding_window=False,
     )
     return out
 
