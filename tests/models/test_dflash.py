@@ -68,7 +68,7 @@ def test_cached_rounds_equal_one_forward_over_the_whole_context():
             drafter.observe(feats[n - 1 : ends[i + 1] - 1])
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("tree", ["auto", None])
 def test_greedy_decoding_is_identical_to_the_verifier(arch, tree):
     verifier = _verifier(arch)
@@ -310,3 +310,64 @@ def test_a_drafter_we_export_runs_greedy_identical_under_zlabs_loop(tmp_path):
         theirs, target=verifier, input_ids=ids, max_new_tokens=20, stop_token_ids=None, temperature=0.0
     )
     assert torch.equal(out, reference_greedy(verifier, ids, 20))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"dflash_config": {"conv_kernel_size": 4}}, "DFlash2"),
+        ({"dflash_config": {"input_embedding_scale": 2.0}}, "input_embedding_scale=2.0"),
+        ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+        ({"layer_types": ["sliding_attention"], "sliding_window": 8}, "sliding-window"),
+        ({"attention_bias": True}, "attention_bias"),
+    ],
+)
+def test_zlab_variants_the_stock_class_would_run_differently_are_refused(tmp_path, change, match):
+    path = _saved(tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    for key, value in change.items():
+        config[key] = {**config[key], **value} if key == "dflash_config" else value
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=match) as err:
+        DFlashDrafter.from_pretrained(path, verifier=_verifier())
+    assert "\n" not in str(err.value)
+
+
+def test_neutral_zlab_scales_load(tmp_path):
+    path = _saved(tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    config["dflash_config"].update(input_embedding_scale=1.0, output_multiplier=1)
+    config["final_logit_softcapping"] = 0.0  # z-lab's reference applies a softcap only when > 0
+    (path / "config.json").write_text(json.dumps(config))
+    assert DFlashDrafter.from_pretrained(path, verifier=_verifier()).block_size == 5
+
+
+def test_a_drafter_in_another_dtype_than_its_verifier_stays_lossless(tmp_path):
+    """A bfloat16 drafter for a float32 verifier: inputs and outputs are cast at the boundaries."""
+    verifier = _verifier(dtype=torch.float32)
+    _drafter(verifier).save_pretrained(tmp_path / "d")
+    drafter = DFlashDrafter.from_pretrained(tmp_path / "d", verifier=verifier, dtype="bfloat16")
+    assert next(drafter.model.parameters()).dtype == torch.bfloat16
+    ids = torch.tensor([[5, 9, 11, 2, 7]])
+    out = speculative_generate(verifier, drafter, ids, max_new_tokens=12, gamma=4, temperature=0, tree=None)
+    assert torch.equal(out.sequences, reference_greedy(verifier, ids, 12))
+
+
+@pytest.mark.parametrize(("acceptance", "num_drafts"), [("standard", 1), ("recursive", 3), ("greedy", 3)])
+def test_sampled_decoding_runs_with_every_rule(acceptance, num_drafts):
+    verifier = _verifier()
+    drafter = _drafter(verifier)
+    ids = torch.tensor([[5, 9, 11]])
+    out = speculative_generate(
+        verifier,
+        drafter,
+        ids,
+        max_new_tokens=12,
+        gamma=4,
+        num_drafts=num_drafts,
+        acceptance=acceptance,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(0),
+        tree=None,
+    )
+    assert out.sequences.shape[1] <= 3 + 12 and int(out.sequences.max()) < VOCAB
