@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import reference_greedy
-from specdiff_lightning import DFlashDrafter, speculative_generate
+from specdiff_lightning import DFlashDrafter, DiffusionDrafter, speculative_generate
 from specdiff_lightning.models import tiny_model
 
 VOCAB = 48
@@ -250,6 +250,8 @@ def test_load_drafter_reads_both_layouts(tmp_path):
         )
     with pytest.raises(ValueError, match="DFlash drafter"):
         load_drafter(str(tmp_path / "hf"), verifier=verifier, steps=2)
+    with pytest.raises(ValueError, match="DFlashDrafter.from_pretrained"):
+        DiffusionDrafter.from_pretrained(str(tmp_path / "zlab"))
 
 
 # ---------------------------------------------------------------------------- z-lab's reference (oracle)
