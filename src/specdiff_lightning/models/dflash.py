@@ -133,7 +133,8 @@ class DFlashDrafter(Drafter):
         verifier: nn.Module,
         dtype: torch.dtype | str | None = None,
     ) -> DFlashDrafter:
-        """A DFlash checkpoint in transformers' or z-lab's layout, around ``verifier``.
+        """A DFlash checkpoint (a directory, or a hub id in the local hub cache) in transformers' or
+        z-lab's layout, around ``verifier``.
 
         Never runs checkpoint code: an ``auto_map`` is ignored (a warning says so) and the weights
         go into the stock class. Args: ``dtype``: None / ``"auto"``: the verifier's; the drafter
@@ -144,13 +145,20 @@ class DFlashDrafter(Drafter):
 
         from .dflash_format import read_dflash_config, read_dflash_tensors
         from .loading import resolve_dtype
+        from .specs import resolve_pretrained
 
         if verifier is None:
             raise ValueError(
                 "a DFlash drafter drafts with its verifier's embeddings, head and hidden states: pass "
                 "verifier= (load_verifier(...))"
             )
-        path = Path(path)
+        resolved = resolve_pretrained(path, "DFlash drafter")  # a local directory or cached hub snapshot
+        if not os.path.isdir(resolved):
+            raise ValueError(
+                f"{path} is a hub id that is not downloaded: DFlash drafters load from a directory; download it "
+                f"(e.g. hf download {path} --local-dir DIR) and pass DIR"
+            )
+        path = Path(resolved)
         config, layout = read_dflash_config(path)
         _check_pairing(config, verifier, str(path))  # before reading any tensor
         dtype = resolve_dtype(dtype)
