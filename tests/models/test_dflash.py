@@ -373,3 +373,18 @@ def test_sampled_decoding_runs_with_every_rule(acceptance, num_drafts):
         tree=None,
     )
     assert out.sequences.shape[1] <= 3 + 12 and int(out.sequences.max()) < VOCAB
+
+
+def test_the_loop_hands_the_drafter_the_features_zlabs_reference_reads():
+    """What TreeVerifier selects for feature_layers (hidden states requested by index, the last
+    layer's included) equals z-lab's extract_context_feature over all hidden states."""
+    from specdiff_lightning.decoding.verifier import TreeVerifier
+
+    _, _, extract = _reference()
+    verifier = _verifier()
+    drafter = _drafter(verifier)
+    ids = torch.randint(0, VOCAB - 1, (1, 9), generator=torch.Generator().manual_seed(9))
+    state = TreeVerifier(verifier, ids, drafter.feature_layers)
+    with torch.no_grad():
+        states = verifier(input_ids=ids[:, :-1], output_hidden_states=True).hidden_states
+    assert torch.equal(state.new_features, extract(states, list(drafter.target_layer_ids))[0])
