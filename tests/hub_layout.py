@@ -16,7 +16,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-__all__ = ["write_dream", "write_llada", "write_diffullama", "reference_logits", "HUB_WRITERS"]
+__all__ = [
+    "write_dream",
+    "write_llada",
+    "write_diffullama",
+    "write_dflash_zlab",
+    "reference_logits",
+    "HUB_WRITERS",
+]
 
 _POISON = 'raise RuntimeError("the checkpoint\'s remote code was executed")\n'
 
@@ -229,6 +236,81 @@ def write_diffullama(directory, vocab=1000, hidden=32, layers=2, heads=4, kv_hea
     }
     tensors = _qwen_llama_tensors(gen, vocab, hidden, hidden * 2, layers, heads, kv_heads, False, 8.0)
     return _write(Path(directory), config, tensors, 1, ())
+
+
+def write_dflash_zlab(
+    directory,
+    vocab=48,
+    hidden=32,
+    layers=1,
+    heads=4,
+    kv_heads=2,
+    target_layer_ids=(0, 2),
+    num_target_layers=3,
+    mask_token_id=47,
+    block_size=5,
+    seed=0,
+    shards=1,
+) -> Path:
+    """z-lab's DFlash drafter layout (../shared/reference/hub-configs/dflash): a Qwen3-style config
+    with ``dflash_config`` and an ``auto_map`` to ``modeling_dflash.py``; tensors ``fc`` / ``hidden_norm``
+    / ``norm`` / ``layers.N.*`` (QK-norm), no embeddings and no head."""
+    gen = torch.Generator().manual_seed(seed)
+    head_dim, inter = hidden // heads, hidden * 2
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "auto_map": {"AutoModel": "modeling_dflash.DFlashDraftModel"},
+        "block_size": block_size,
+        "bos_token_id": None,
+        "dflash_config": {
+            "block_size": block_size,
+            "mask_token_id": mask_token_id,
+            "target_layer_ids": list(target_layer_ids),
+        },
+        "dtype": "float64",
+        "eos_token_id": None,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": inter,
+        "layer_types": ["full_attention"] * layers,
+        "max_position_embeddings": 512,
+        "max_window_layers": layers,
+        "model_type": "qwen3",
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv_heads,
+        "num_target_layers": num_target_layers,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": vocab,
+    }
+    t = {
+        "fc.weight": _rand(gen, hidden, len(target_layer_ids) * hidden),
+        "hidden_norm.weight": _norm_weight(gen, hidden),
+        "norm.weight": _norm_weight(gen, hidden),
+    }
+    for i in range(layers):
+        pre = f"layers.{i}."
+        t[pre + "input_layernorm.weight"] = _norm_weight(gen, hidden)
+        t[pre + "post_attention_layernorm.weight"] = _norm_weight(gen, hidden)
+        for name, out in (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim)):
+            t[pre + f"self_attn.{name}_proj.weight"] = _rand(gen, out, hidden)
+        t[pre + "self_attn.o_proj.weight"] = _rand(gen, hidden, heads * head_dim)
+        t[pre + "self_attn.q_norm.weight"] = _norm_weight(gen, head_dim)
+        t[pre + "self_attn.k_norm.weight"] = _norm_weight(gen, head_dim)
+        t[pre + "mlp.gate_proj.weight"] = _rand(gen, inter, hidden)
+        t[pre + "mlp.up_proj.weight"] = _rand(gen, inter, hidden)
+        t[pre + "mlp.down_proj.weight"] = _rand(gen, hidden, inter)
+    return _write(Path(directory), config, t, shards, ("modeling_dflash.py",))
 
 
 HUB_WRITERS = {"dream": write_dream, "llada": write_llada, "diffullama": write_diffullama}

@@ -20,6 +20,7 @@ _EXPORTS = {
     "verifier_generate": "specdiff_lightning.decoding",
     "AutoregressiveDrafter": "specdiff_lightning.models",
     "ConditionedDrafter": "specdiff_lightning.models",
+    "DFlashDrafter": "specdiff_lightning.models",
     "DiffusionDrafter": "specdiff_lightning.models",
     "load_drafter": "specdiff_lightning.models",
     "load_verifier": "specdiff_lightning.models",
@@ -32,6 +33,7 @@ __all__ = [
     "AcceptanceRule",
     "AutoregressiveDrafter",
     "ConditionedDrafter",
+    "DFlashDrafter",
     "DecodingStats",
     "DiffusionDrafter",
     "GenerationOutput",
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from .models import (
         AutoregressiveDrafter,
         ConditionedDrafter,
+        DFlashDrafter,
         DiffusionDrafter,
         load_drafter,
         load_verifier,

@@ -1,8 +1,9 @@
-"""Model adapters: diffusion, autoregressive and conditioned drafters, their loader, tiny configs of
+"""Model adapters: diffusion, autoregressive and conditioned and DFlash drafters, their loader, tiny configs of
 the real classes."""
 
 from .autoregressive import AutoregressiveDrafter
 from .conditioned import ConditionedDrafter
+from .dflash import DFlashDrafter
 from .diffusion import DRAFTER_FAMILIES, DiffusionDrafter, DrafterFamily
 from .loading import DRAFTER_KINDS, NAMED_VERIFIERS, load_drafter, load_tokenizer, load_verifier
 from .tiny import tiny_llama, tiny_model, tiny_qwen2
@@ -13,6 +14,7 @@ __all__ = [
     "NAMED_VERIFIERS",
     "AutoregressiveDrafter",
     "ConditionedDrafter",
+    "DFlashDrafter",
     "DiffusionDrafter",
     "DrafterFamily",
     "load_drafter",

@@ -198,6 +198,13 @@ class DiffusionDrafter(Drafter):
             options = {k: v for k, v in options.items() if v is not None}
             return load_slice_drafter(path, verifier, "diffusion", dtype, **options)
         path = resolve_pretrained(path, "drafter", **model_kwargs)
+        from .dflash_format import dflash_layout
+
+        if os.path.isdir(path) and dflash_layout(path) is not None:
+            raise ValueError(
+                f"{path} is a DFlash drafter, which drafts from its verifier's hidden states: load it with "
+                f"DFlashDrafter.from_pretrained(path, verifier=...) or load_drafter(path, verifier=...)"
+            )
         if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
             raise ValueError(
                 f"{path} is neither a Hugging Face checkpoint (no config.json) nor a saved drafter slice "

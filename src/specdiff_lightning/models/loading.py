@@ -15,6 +15,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..decoding.attention import GROUPED_SDPA
 from ..decoding.drafting import Drafter
+from .dflash import DFLASH_KIND, DFlashDrafter
+from .dflash_format import dflash_layout
 from .diffusion import DiffusionDrafter
 from .kinds import DRAFTER_KINDS, load_slice_drafter
 from .slicing import SLICE_FILE, is_slice
@@ -161,12 +163,14 @@ def load_drafter(
     - a Hugging Face checkpoint (directory or hub id): a :class:`DiffusionDrafter`
       (:meth:`DiffusionDrafter.from_pretrained`: ``family``, ``mask_token_id``, ``shift_logits``),
       or with ``kind="autoregressive"`` an :class:`AutoregressiveDrafter` (named verifiers too);
+    - a DFlash checkpoint (transformers' or z-lab's layout): a :class:`DFlashDrafter` around
+      ``verifier`` (:meth:`DFlashDrafter.from_pretrained`);
     - a tiny preset: a random :class:`DiffusionDrafter` (mask id the last vocabulary id, logits
       shifted) or, with ``kind="autoregressive"``, an AR drafter.
 
     Args:
         kind: ``"auto"`` or the kind the caller needs (``"diffusion"``, ``"autoregressive"``,
-            ``"conditioned"``); a slice of another kind is a clear error.
+            ``"conditioned"``, ``"dflash"``); a checkpoint of another kind is a clear error.
         steps, max_prefix_tokens, mask_token_id, shift_logits: diffusion drafters' options.
         head_vocab, block, cache_window: a conditioned drafter's decoding options
             (:class:`~specdiff_lightning.models.conditioned.ConditionedDrafter`).
@@ -182,8 +186,24 @@ def load_drafter(
     diffusion = {
         k: v for k, v in {**diffusion, "max_prefix_tokens": max_prefix_tokens}.items() if v is not None
     }
-    if kind not in ("auto", *DRAFTER_KINDS):
-        raise ValueError(f"unknown drafter kind {kind!r}; choose 'auto' or one of {sorted(DRAFTER_KINDS)}")
+    if kind not in ("auto", DFLASH_KIND, *DRAFTER_KINDS):
+        raise ValueError(
+            f"unknown drafter kind {kind!r}; choose 'auto' or one of {sorted([*DRAFTER_KINDS, DFLASH_KIND])}"
+        )
+    if kind in ("auto", DFLASH_KIND) and not spec.startswith(TINY_PREFIX) and dflash_layout(spec) is not None:
+        given = sorted({**diffusion, **conditioned, **model_kwargs}) + (
+            ["family"] if family != "auto" else []
+        )
+        if given or tiny is not None:
+            raise ValueError(
+                f"{spec} is a DFlash drafter, which names its own settings (config.json); drop {given or ['tiny']}"
+            )
+        return DFlashDrafter.from_pretrained(spec, verifier=verifier, dtype=dtype)
+    if kind == DFLASH_KIND:
+        raise ValueError(
+            f"{spec} is not a DFlash drafter (a directory whose config.json is transformers' "
+            f"muse_glimmer_assistant or z-lab's DFlashDraftModel); load it with kind='auto'"
+        )
     if not spec.startswith(TINY_PREFIX) and is_slice(spec):
         if family != "auto":
             raise ValueError(

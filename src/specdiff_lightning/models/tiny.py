@@ -1,13 +1,21 @@
 """Small models of the real architectures, built from configs (tests, demos, notebooks).
 
-They are the same classes as the production checkpoints (``Qwen2ForCausalLM``, ``LlamaForCausalLM``),
-only smaller, so every code path that runs on Qwen2.5-72B runs on them too.
+They are the same classes as the production checkpoints (``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``,
+``LlamaForCausalLM``), only smaller, so every code path that runs on Qwen2.5-72B runs on them too.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 __all__ = ["tiny_qwen2", "tiny_llama", "tiny_model"]
 
@@ -41,7 +49,12 @@ def _build(
     return model.to(dtype).eval()
 
 
-_ARCHITECTURES = {"qwen2": (Qwen2ForCausalLM, Qwen2Config), "llama": (LlamaForCausalLM, LlamaConfig)}
+_ARCHITECTURES = {
+    "qwen2": (Qwen2ForCausalLM, Qwen2Config),
+    "llama": (LlamaForCausalLM, LlamaConfig),
+    # the family z-lab's DFlash drafters target (QK-norm)
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config),
+}
 
 
 def tiny_model(
@@ -57,10 +70,10 @@ def tiny_model(
     logit_scale: float = 8.0,
     **config_kwargs,
 ) -> PreTrainedModel:
-    """A randomly initialised ``Qwen2ForCausalLM`` (``arch="qwen2"``) or ``LlamaForCausalLM``
-    (``"llama"``). ``config_kwargs`` go to the config class (``intermediate_size``,
-    ``eos_token_id``, ...); ``logit_scale`` sharpens random output layers (use 1.0 for a model
-    that will be trained)."""
+    """A randomly initialised ``Qwen2ForCausalLM`` (``arch="qwen2"``), ``Qwen3ForCausalLM``
+    (``"qwen3"``) or ``LlamaForCausalLM`` (``"llama"``). ``config_kwargs`` go to the config class
+    (``intermediate_size``, ``eos_token_id``, ...); ``logit_scale`` sharpens random output layers
+    (use 1.0 for a model that will be trained)."""
     if arch not in _ARCHITECTURES:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {sorted(_ARCHITECTURES)}")
     model_cls, config_cls = _ARCHITECTURES[arch]

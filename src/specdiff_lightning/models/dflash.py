@@ -1,0 +1,280 @@
+"""A DFlash drafter (Chen et al., arXiv 2602.06036) over transformers' stock class.
+
+DFlash is a block-diffusion drafter conditioned on the verifier's hidden states, the design of
+:mod:`~specdiff_lightning.models.conditioned`; transformers ships it as ``MuseGlimmerAssistantModel``
+and z-lab publishes checkpoints of it. :class:`DFlashDrafter` runs that stock model in our loop.
+
+One round, prefix ``x_0..x_{n-1}`` (``x_{n-1}`` pending in the verifier):
+
+- context: the verifier's hidden states of ``x_0..x_{n-2}`` at ``target_layer_ids``, concatenated.
+  The stock model projects them (``encoder``) and every layer turns them into keys/values only, so
+  they are cached exactly (``DFlashCache``): a round feeds just the tokens committed since the last
+  one (:meth:`DFlashDrafter.observe`);
+- the block, positions ``n-1..n+block_size-2``: the pending token then ``block_size - 1`` masks,
+  embedded by the verifier's embeddings, attending to all context and to each other;
+- block row ``j >= 1`` (a mask at position ``n-1+j``) predicts the token there, ``x_{n-1+j}``,
+  through the verifier's LM head: one forward drafts ``block_size - 1`` marginals.
+
+Hidden-state indices: DFlash's ``target_layer_ids`` count decoder layers from 0 (id i: the output
+of layer i), while HF ``hidden_states[0]`` is the embeddings, so the loop's ``feature_layers`` are
+``i + 1`` (as transformers' own DFlash candidate generator reads them).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..decoding.drafting import Drafter, Proposal, derived_generator, sample_from_marginals
+
+__all__ = ["DFlashDrafter", "DFLASH_KIND"]
+
+#: ``load_drafter(kind=...)`` of a DFlash checkpoint
+DFLASH_KIND = "dflash"
+
+
+def _check_pairing(config, verifier: nn.Module, where: str) -> None:
+    """One-line errors for a drafter that cannot read this verifier (``where``: the checkpoint, or
+    "the drafter")."""
+    v = verifier.config
+    depth = int(v.num_hidden_layers)
+    ids = [int(i) for i in config.target_layer_ids]
+    if not ids:
+        raise ValueError(f"{where}: target_layer_ids is empty; name the verifier layers the drafter reads")
+    if not all(0 <= i < depth for i in ids):
+        raise ValueError(
+            f"{where}: target_layer_ids={ids} exceed the verifier's depth ({depth} layers: ids 0..{depth - 1}); "
+            f"pair the drafter with the verifier it was trained for"
+        )
+    if int(config.hidden_size) != int(v.hidden_size):
+        raise ValueError(
+            f"{where}: hidden_size={config.hidden_size} differs from the verifier's {v.hidden_size} (DFlash drafts "
+            f"in the verifier's width, with its embeddings and head); pair it with the verifier it was trained for"
+        )
+    vocab = int(verifier.get_output_embeddings().weight.shape[0])
+    own = getattr(config, "vocab_size", None)
+    if own is not None and int(own) != vocab:
+        raise ValueError(
+            f"{where}: vocab_size={own} differs from the verifier's {vocab} (the drafter drafts through the "
+            f"verifier's head); pair it with the verifier it was trained for"
+        )
+    if not 0 <= int(config.mask_token_id) < vocab:
+        raise ValueError(
+            f"{where}: mask_token_id={config.mask_token_id} is outside the verifier's vocabulary [0, {vocab}); "
+            f"set the mask id the drafter was trained with"
+        )
+    if int(config.block_size) < 2:
+        raise ValueError(
+            f"{where}: block_size={config.block_size} must be >= 2 (the pending token plus at least one mask)"
+        )
+
+
+class DFlashDrafter(Drafter):
+    """A stock DFlash model drafting from the verifier's hidden states, embeddings and head.
+
+    Args:
+        model: a ``MuseGlimmerAssistantModel`` (its config's ``block_size``, ``mask_token_id``,
+            ``target_layer_ids``).
+        verifier: the HF causal LM it drafts for; its input embeddings and output head are used
+            (references, never copied or saved), so they stay in the verifier's dtype and device.
+    """
+
+    def __init__(self, model: nn.Module, verifier: nn.Module) -> None:
+        from transformers import MuseGlimmerAssistantModel
+
+        if not isinstance(model, MuseGlimmerAssistantModel):
+            raise ValueError(
+                f"DFlashDrafter wraps the stock MuseGlimmerAssistantModel, got {type(model).__name__}; load a "
+                f"checkpoint with DFlashDrafter.from_pretrained(path, verifier=...)"
+            )
+        _check_pairing(model.config, verifier, "the drafter")
+        self.model = model.eval()
+        self.embeddings = verifier.get_input_embeddings()
+        self.head = verifier.get_output_embeddings()
+        self.num_target_layers = int(verifier.config.num_hidden_layers)
+        config = model.config
+        self.target_layer_ids = tuple(int(i) for i in config.target_layer_ids)
+        self.feature_layers = tuple(i + 1 for i in self.target_layer_ids)  # hidden_states[0]: embeddings
+        self.block_size = int(config.block_size)
+        self.mask_token_id = int(config.mask_token_id)
+        self.vocab_size = int(self.head.weight.shape[0])
+        self.reset()
+
+    # ------------------------------------------------------------------ building / loading / saving
+    @classmethod
+    def build(
+        cls,
+        verifier: nn.Module,
+        num_layers: int,
+        target_layer_ids: tuple[int, ...],
+        mask_token_id: int,
+        block_size: int = 16,
+        dtype: torch.dtype | None = None,
+    ) -> DFlashDrafter:
+        """A fresh (randomly initialised) drafter sized like ``verifier``; ``dtype``: the verifier's."""
+        from transformers import MuseGlimmerAssistantModel
+
+        from .dflash_format import dflash_config_for
+
+        config = dflash_config_for(verifier, num_layers, target_layer_ids, mask_token_id, block_size)
+        _check_pairing(config, verifier, "the drafter")
+        dtype = dtype or next(verifier.parameters()).dtype
+        model = MuseGlimmerAssistantModel._from_config(config, dtype=dtype)
+        return cls(model.to(verifier.get_input_embeddings().weight.device), verifier)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        *,
+        verifier: nn.Module,
+        dtype: torch.dtype | str | None = None,
+    ) -> DFlashDrafter:
+        """A DFlash checkpoint (a directory, or a hub id in the local hub cache) in transformers' or
+        z-lab's layout, around ``verifier``.
+
+        Never runs checkpoint code: an ``auto_map`` is ignored (a warning says so) and the weights
+        go into the stock class. Args: ``dtype``: None / ``"auto"``: the verifier's; the drafter
+        lives on the verifier's embedding device.
+        """
+        from transformers import MuseGlimmerAssistantModel
+        from transformers.initialization import no_init_weights
+
+        from .dflash_format import read_dflash_config, read_dflash_tensors
+        from .loading import resolve_dtype
+        from .specs import resolve_pretrained
+
+        if verifier is None:
+            raise ValueError(
+                "a DFlash drafter drafts with its verifier's embeddings, head and hidden states: pass "
+                "verifier= (load_verifier(...))"
+            )
+        resolved = resolve_pretrained(path, "DFlash drafter")  # a local directory or cached hub snapshot
+        if not os.path.isdir(resolved):
+            raise ValueError(
+                f"{path} is a hub id that is not downloaded: DFlash drafters load from a directory; download it "
+                f"(e.g. hf download {path} --local-dir DIR) and pass DIR"
+            )
+        path = Path(resolved)
+        config, layout = read_dflash_config(path)
+        _check_pairing(config, verifier, str(path))  # before reading any tensor
+        dtype = resolve_dtype(dtype)
+        if dtype in (None, "auto"):
+            dtype = next(verifier.parameters()).dtype
+        with no_init_weights():  # every tensor is loaded below
+            model = MuseGlimmerAssistantModel._from_config(config, dtype=dtype)
+        tensors = read_dflash_tensors(path, layout)
+        expected = model.state_dict()
+        missing = sorted(set(expected) - set(tensors))
+        unexpected = sorted(set(tensors) - set(expected))
+        if missing or unexpected:
+            raise ValueError(
+                f"{path} ({layout} layout) does not match its config: missing tensors {missing[:4]}, "
+                f"unexpected {unexpected[:4]}; is it a DFlash drafter of this config?"
+            )
+        for name, tensor in tensors.items():
+            if tuple(tensor.shape) != tuple(expected[name].shape):
+                raise ValueError(
+                    f"{path}: tensor {name} is {tuple(tensor.shape)}, the config needs "
+                    f"{tuple(expected[name].shape)}; the config and weights disagree"
+                )
+        model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True)
+        return cls(model.to(verifier.get_input_embeddings().weight.device), verifier)
+
+    def save_pretrained(self, path: str | os.PathLike, layout: str = "hf") -> None:
+        """Write the drafter (never the verifier's embeddings or head) in ``layout``: ``"hf"``
+        (transformers', the stock ``save_pretrained``) or ``"zlab"`` (z-lab's, read by vLLM / SGLang
+        and the ``dflash`` package)."""
+        from .dflash_format import write_dflash
+
+        write_dflash(self.model, path, layout, self.num_target_layers)
+
+    # ------------------------------------------------------------------ decoding
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def reset(self) -> None:
+        from transformers.cache_utils import DFlashCache
+
+        self._cache = DFlashCache(config=self.model.config)
+        # sliding-window layers may be cropped after they are full only when they record their past
+        self._cache.activate_past_recording()
+        self._past = 0
+        self._inbox: list[torch.Tensor] = []
+
+    def observe(self, features: torch.Tensor) -> None:
+        self._inbox.append(features)
+
+    def _take_features(self, committed: int) -> torch.Tensor:
+        """``[1, n, F]``: the features of the n tokens committed since the last round."""
+        width = len(self.target_layer_ids) * int(self.model.config.hidden_size)
+        new = torch.cat(self._inbox) if self._inbox else torch.zeros(0, width)
+        if self._past + new.shape[0] != committed:
+            raise ValueError(
+                f"the DFlash drafter holds the verifier's features of {self._past + new.shape[0]} tokens, but the "
+                f"prefix has {committed} committed tokens before the pending one. It drafts only inside "
+                f"speculative_generate (which feeds it the verifier's hidden states through observe()); call "
+                f"reset() before a new sequence."
+            )
+        if new.shape[-1] != width:
+            raise ValueError(
+                f"the verifier's features are {new.shape[-1]} wide, but this drafter reads {width} "
+                f"({len(self.target_layer_ids)} layers of its verifier's width); pair it with that verifier"
+            )
+        return new.to(self.device, next(self.model.parameters()).dtype)[None]
+
+    def block_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """One round: ``logits[1, block_size - 1, V]`` of ``x_n .. x_{n+block_size-2}`` after the
+        prefix ``input_ids[1, n]``, from the features observed so far (the cache keeps the context)."""
+        dtype = next(self.model.parameters()).dtype
+        context = self._take_features(input_ids.shape[1] - 1)
+        new = context.shape[1]
+        masks = torch.full((self.block_size - 1,), self.mask_token_id, dtype=torch.long)
+        block = torch.cat([input_ids[0, -1:].cpu(), masks]).to(self.embeddings.weight.device)
+        noise = self.embeddings(block[None]).to(self.device, dtype)
+        positions = torch.arange(self._past, self._past + new + self.block_size, device=self.device)
+        self._cache.set_previous_accepted_tokens(new)
+        hidden = self.model(
+            noise_embeds=noise,
+            context_hidden_states=context,
+            position_ids=positions[None],
+            cache=self._cache,
+            use_cache=True,
+        ).last_hidden_state
+        self._cache.crop(-self.block_size)  # keep the context only: the block is redrawn every round
+        self._past += new
+        self._inbox = []
+        # A fresh 2-D copy: the bf16 CPU head on an offset view is ~18x slower (see DiffusionDrafter).
+        rows = hidden[0, 1:].to(self.head.weight.device, self.head.weight.dtype).clone()
+        return self.head(rows)[None]
+
+    @torch.no_grad()
+    def propose(
+        self,
+        input_ids: torch.Tensor,
+        gamma: int,
+        num_drafts: int = 1,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> Proposal:
+        """Drafts of ``min(gamma, block_size - 1)`` tokens (the block it was trained with; its
+        marginals change with the block's size), padded to ``gamma`` (the proposal's ``lengths``)."""
+        if input_ids.shape[0] != 1:
+            raise ValueError("the DFlash drafter drafts one sequence at a time (batch size 1)")
+        home = input_ids.device
+        window = min(gamma, self.block_size - 1)
+        logits = self._restrict_logits(self.block_logits(input_ids)[:, :window]).to(self.device)
+        proposal = sample_from_marginals(
+            logits, num_drafts, temperature, derived_generator(generator, self.device)
+        )
+        return proposal.pad_to(gamma).to(home)
+
+    def __repr__(self) -> str:
+        return (
+            f"DFlashDrafter(layers={self.model.config.num_hidden_layers}, block_size={self.block_size}, "
+            f"target_layer_ids={self.target_layer_ids}, mask_token_id={self.mask_token_id})"
+        )
