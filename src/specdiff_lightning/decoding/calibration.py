@@ -134,20 +134,24 @@ def _path(key: dict, directory: Path | None) -> Path:
     return (directory or calibration_dir()) / f"{key['dtype']}-{_key_hash(key)}.json"
 
 
-def save_cost_model(model: CostModel, path: str | os.PathLike) -> Path:
-    """Write ``model`` as JSON atomically (a temporary file renamed into place)."""
-    path = Path(path)
+def _write_json(path: Path, data: dict) -> Path:
+    """Write ``data`` as JSON atomically (a temporary file renamed into place), mode 0644."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(model.to_dict(), f, indent=1)
+            json.dump(data, f, indent=1)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def save_cost_model(model: CostModel, path: str | os.PathLike) -> Path:
+    """Write ``model`` as JSON atomically (a temporary file renamed into place)."""
+    return _write_json(Path(path), model.to_dict())
 
 
 def load_cost_model(path: str | os.PathLike, key: dict | None = None) -> CostModel | None:
@@ -302,12 +306,7 @@ def prepare_kernels(model: nn.Module) -> nn.Module:
     if rows is None:
         rows = choose_linear_kernels(model)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-            with os.fdopen(fd, "w") as f:
-                json.dump({"key": key, "rows": sorted(rows)}, f)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
+            _write_json(path, {"key": key, "rows": sorted(rows)})
         except OSError as err:
             warnings.warn(f"could not cache the kernel choice in {path} ({err})", stacklevel=2)
     return use_linear_kernels(model, rows)
