@@ -17,6 +17,7 @@ from ..decoding.calibration import (
     DTYPE_CONTEXT,
     DTYPE_TREE_NODES,
     cost_model_for,
+    dtype_tree_cost,
     machine_info,
     prepare_kernels,
 )
@@ -38,7 +39,7 @@ def calibrate_verifier(
             # the verifier's kernels were chosen for its own dtype: choose this dtype's
             prepare_kernels(model)
         models[name] = cost_model_for(model, refresh=refresh)
-    fastest = min(models, key=lambda d: models[d].verifier_cost(DTYPE_TREE_NODES, DTYPE_CONTEXT))
+    fastest = min(models, key=lambda d: dtype_tree_cost(models[d]))
     return {
         "machine": machine_info(next(verifier.parameters()).device),
         "context": DTYPE_CONTEXT,

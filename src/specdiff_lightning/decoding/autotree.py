@@ -192,9 +192,6 @@ class AutoTreeDrafter(DrafterWrapper):
         self.max_skip = int(max_skip)
         self.calibration = calibration if calibration is not None else AcceptanceCalibration()
         self.drafting_ms: float | None = None  # running estimate of a drafting round
-        #: per sequence: rounds verified with drafts, rounds with nothing worth verifying, rounds
-        #: the drafter was skipped (plain decoding)
-        self.counts = {"drafted": 0, "plain": 0, "skipped": 0}
         self.reset()
 
     def reset(self) -> None:
@@ -203,6 +200,8 @@ class AutoTreeDrafter(DrafterWrapper):
         self._losing = 0
         self._skip = 0
         self._backoff = 1
+        #: this sequence's rounds verified with drafts, with nothing worth verifying, and with the
+        #: drafter skipped (the last two: plain decoding)
         self.counts = {"drafted": 0, "plain": 0, "skipped": 0}
 
     # ------------------------------------------------------------------ learning
@@ -285,7 +284,6 @@ class AutoTreeDrafter(DrafterWrapper):
 
     def _drafts(self, trie: _Trie, chosen: list[int], proposal: Proposal) -> Proposal:
         """The leaves of the chosen nodes as drafts ``[1, K', gamma]`` with their lengths."""
-        selected = set(chosen)
         parents = {trie.nodes[i].parent for i in chosen}
         leaves = [i for i in chosen if i not in parents]
         gamma = proposal.tokens.shape[-1]
@@ -293,8 +291,7 @@ class AutoTreeDrafter(DrafterWrapper):
         rows, lengths = [], []
         for leaf in leaves:
             path, node = [], leaf
-            while node >= 0:
-                assert node in selected
+            while node >= 0:  # chosen is prefix-closed: every ancestor is chosen
                 path.append(trie.nodes[node].token)
                 node = trie.nodes[node].parent
             path.reverse()
@@ -315,7 +312,7 @@ class AutoTreeDrafter(DrafterWrapper):
         if input_ids.shape[0] != 1:
             raise ValueError("tree: auto sizes one sequence's tree at a time (batch size 1)")
         context = input_ids[0].tolist()
-        first = self._last is None and not any(self.counts.values())
+        first = not any(self.counts.values())  # this sequence's first round
         self._learn(context)
         if self._skip > 0:
             self._skip -= 1

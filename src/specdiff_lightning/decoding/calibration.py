@@ -11,6 +11,7 @@ that decide its kernels).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -39,6 +40,7 @@ __all__ = [
     "load_cost_model",
     "save_cost_model",
     "fastest_dtype",
+    "dtype_tree_cost",
     "prepare_kernels",
     "slower_than_plain",
     "warn_if_slower_than_plain",
@@ -59,12 +61,14 @@ _KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCT
 _MEMO: dict[str, CostModel] = {}
 
 
-def _cpuinfo() -> tuple[str, set[str]]:
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """The CPU's model name and flags (read once: every cost-model look-up keys on them)."""
     model, flags = platform.processor() or platform.machine(), set()
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return model, flags
+        return model, frozenset(flags)
     for line in text.splitlines():
         name, _, value = line.partition(":")
         name = name.strip()
@@ -72,7 +76,7 @@ def _cpuinfo() -> tuple[str, set[str]]:
             model = value.strip()
         elif name in ("flags", "Features") and not flags:
             flags = set(value.split())
-    return model, flags
+    return model, frozenset(flags)
 
 
 def machine_info(device: torch.device | str = "cpu") -> dict:
@@ -251,6 +255,11 @@ DTYPE_TREE_NODES = 8
 DTYPE_CONTEXT = 256
 
 
+def dtype_tree_cost(cost: CostModel) -> float:
+    """What decides the fastest dtype: a :data:`DTYPE_TREE_NODES`-node forward at :data:`DTYPE_CONTEXT`."""
+    return cost.verifier_cost(DTYPE_TREE_NODES, DTYPE_CONTEXT)
+
+
 def check_dtype_runs(dtype: torch.dtype, device: torch.device | str) -> None:
     """Raise a clear ``ValueError`` when ``device`` cannot run matrix products in ``dtype``."""
     device = torch.device(device)
@@ -285,7 +294,7 @@ def fastest_dtype(model: nn.Module, candidates: tuple[torch.dtype, ...] | None =
     costs = {}
     for dtype in candidates:
         candidate = model if dtype == own else prepare_kernels(copy.deepcopy(model).to(dtype))
-        costs[dtype] = cost_model_for(candidate).verifier_cost(DTYPE_TREE_NODES, DTYPE_CONTEXT)
+        costs[dtype] = dtype_tree_cost(cost_model_for(candidate))
     return min(costs, key=costs.get)
 
 
