@@ -224,6 +224,7 @@ class SpecDiffTrainer(L.Trainer):
         ckpt_path: str | None = None,
         dtype: str | None = None,
         overwrite: bool = False,
+        layout: str | None = None,
         datamodule: L.LightningDataModule | None = None,
     ) -> None:
         """Write the trained model (its drafter, or a pretrained LM) to a directory.
@@ -235,16 +236,31 @@ class SpecDiffTrainer(L.Trainer):
             ckpt_path: a ``fit`` checkpoint whose weights to export (default: the model as configured).
             dtype: cast to this dtype first (``bfloat16``, ``float16``, ``float32``); default: unchanged.
             overwrite: replace what ``output_dir`` holds.
+            layout: DFlash drafters only: ``hf`` (transformers' names, the default) or ``zlab``
+                (z-lab's, which vLLM and SGLang serve with ``method: dflash``).
         """
+        import inspect
+
         from .models.loading import resolve_dtype
         from .training.exports import check_export_dir
 
+        accepts = inspect.signature(model.export).parameters
+        if layout is not None and "layout" not in accepts:
+            raise ValueError(
+                f"--layout is for DFlash drafters (DFlashDrafterTraining); {type(model).__name__} exports one "
+                f"layout only: drop --layout"
+            )
         check_export_dir(output_dir, overwrite, "--output_dir", "--overwrite")
         _load_drafter_weights(model, ckpt_path)
         if dtype is not None:
             model.to(resolve_dtype(dtype))
-        model.export(output_dir)
-        print(f"exported to {output_dir}")
+        options = {"layout": layout} if layout is not None else {}
+        if (
+            "dtype" in accepts
+        ):  # written as cast above (unchanged without --dtype), not in the fit-time default
+            options["dtype"] = None
+        model.export(output_dir, **options)
+        print(f"exported to {output_dir}" + (f" ({layout} layout)" if layout else ""))
 
 
 def _load_drafter_weights(model: L.LightningModule, ckpt_path: str | None) -> None:

@@ -119,3 +119,44 @@ def test_the_compiled_peer_runs_on_its_own_copy_and_matches_generate():
         )
         assert compiled == hf_generate(verifier, ids, cfg)
     assert getattr(verifier, "_compiled_call", None) is None  # the shared verifier stays eager
+
+
+def test_hf_dflash_and_our_loop_decode_with_the_same_dflash_drafter():
+    """Issue 18: the ``hf_dflash`` row (transformers' generate(speculation_type="dflash")) and our
+    loop's rows run the same DFlash drafter side by side; both greedy-identical to the verifier."""
+    from specdiff_lightning.bench.methods import BenchMethod
+    from specdiff_lightning.decoding.config import DecodingConfig
+    from specdiff_lightning.models import DFlashDrafter
+
+    verifier = tiny_model("llama", vocab_size=48, num_layers=3, seed=0, dtype=torch.float64)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        dflash = DFlashDrafter.build(verifier, 1, (0, 2), 47, block_size=5)
+    cfg = DecodingConfig(gamma=4, max_new_tokens=10, temperature=0.0, draft_temperature=0.0)
+    rows = [
+        BenchMethod("verifier", "verifier", key="verifier"),
+        BenchMethod("HF DFlash", "hf_dflash", key="hf_dflash", drafter="dflash"),
+        BenchMethod("ours, chain", "diffusion", {"num_drafts": 1}, key="dflash_k1", drafter="dflash"),
+        BenchMethod("ours, tree: auto", "diffusion", {"tree": "auto"}, key="dflash_auto", drafter="dflash"),
+    ]
+    prompts = [{"id": str(i), "prompt_ids": [1 + i, 5, 9, 2]} for i in range(2)]
+    report = run_bench(
+        verifier, None, prompts, cfg, rows, extra_drafters={"dflash": dflash}, warmup=0, progress=False
+    )
+    by_key = {r["key"]: r for r in report["rows"]}
+    assert by_key["hf_dflash"]["role"] == "hf_dflash"
+    assert all(r["identical_to_verifier"] for r in report["rows"])
+    with pytest.raises(ValueError, match="needs a DFlash drafter"):
+        ar = AutoregressiveDrafter(
+            tiny_model("llama", vocab_size=48, num_layers=1, seed=2, dtype=torch.float64)
+        )
+        run_bench(
+            verifier,
+            None,
+            prompts[:1],
+            cfg,
+            rows[1:2],
+            extra_drafters={"dflash": ar},
+            warmup=0,
+            progress=False,
+        )

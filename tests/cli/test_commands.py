@@ -31,6 +31,8 @@ def _tiny_slice_recipe(config: Path) -> list[str]:
             args += [f"--model.init_args.{key}", "null"]
     if "feature_layers" in text:
         args += ["--model.init_args.feature_layers", "[1, 2]", "--model.init_args.num_layers", "1"]
+    if "target_layer_ids" in text:
+        args += ["--model.init_args.target_layer_ids", "[0, 1]", "--model.init_args.num_layers", "1"]
     return args
 
 
@@ -240,3 +242,42 @@ def test_bench_calibrate_prints_and_plots_the_machines_cost_model(tmp_path, monk
     assert (out / "calibration.png").stat().st_size > 0
     assert "| float32 |" in capsys.readouterr().out
     assert not (out / "bench.json").exists()  # calibration only
+
+
+def test_export_writes_a_dflash_drafter_in_zlabs_layout(tmp_path, monkeypatch, capsys):
+    """Issue 18: `export --layout zlab` writes z-lab's layout (read by vLLM / SGLang and the dflash
+    package); the layout of a drafter that has one only is refused by name."""
+    from specdiff_lightning import DFlashDrafter
+    from specdiff_lightning.models.loading import load_verifier
+
+    monkeypatch.chdir(tmp_path)
+    recipe = _tiny_slice_recipe(CONFIGS / "smollm2" / "drafter_dflash.yaml")
+    out = tmp_path / "zlab"
+    assert (
+        main(
+            [
+                "export",
+                *recipe,
+                "--model.init_args.block_size",
+                "5",
+                "--model.init_args.mask_token_id",
+                "63",
+                "--output_dir",
+                str(out),
+                "--layout",
+                "zlab",
+                *QUIET,
+            ]
+        )
+        == 0
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert config["dflash_config"]["target_layer_ids"] == [0, 1] and config["block_size"] == 5
+    drafter = DFlashDrafter.from_pretrained(out, verifier=load_verifier("tiny-llama"))
+    assert drafter.block_size == 5
+    slice_recipe = _tiny_slice_recipe(CONFIGS / "smollm2" / "drafter_mdm.yaml")
+    assert (
+        main(["export", *slice_recipe, "--output_dir", str(tmp_path / "x"), "--layout", "zlab", *QUIET]) == 1
+    )
+    (error,) = _error_lines(capsys.readouterr().err)
+    assert "--layout is for DFlash drafters" in error

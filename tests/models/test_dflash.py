@@ -68,6 +68,36 @@ def test_cached_rounds_equal_one_forward_over_the_whole_context():
             drafter.observe(feats[n - 1 : ends[i + 1] - 1])
 
 
+def test_the_training_forward_drafts_what_each_decoding_round_drafts():
+    """Many blocks of two right-padded sequences in one training forward give, block for block, the
+    logits of a decoding round with that prefix (training sees what decoding sees)."""
+    verifier = _verifier()
+    drafter = _drafter(verifier)
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, VOCAB - 1, (2, 14), generator=gen)
+    lengths = torch.tensor([14, 10])
+    ids[1, 10:] = 0  # padding: never seen by a block of row 1
+    feats = torch.zeros(2, 14, 2 * verifier.config.hidden_size, dtype=torch.float64)
+    for b, n in enumerate(lengths.tolist()):
+        feats[b, :n] = _features(verifier, ids[b : b + 1, :n], drafter.feature_layers)[0]
+    starts = torch.tensor([[1, 5, 13], [2, 7, 9]])
+    with torch.no_grad():
+        logits = drafter.blocks_logits(feats, ids, starts)
+    assert logits.shape == (2, 3, drafter.block_size - 1, VOCAB)
+    for b in range(2):
+        for m, t in enumerate(starts[b].tolist()):
+            fresh = _drafter(verifier)
+            fresh.observe(feats[b, : t - 1])
+            with torch.no_grad():
+                round_logits = fresh.block_logits(ids[b : b + 1, :t])
+            torch.testing.assert_close(logits[b, m], round_logits[0], rtol=1e-9, atol=1e-9)
+    with torch.no_grad():
+        short = drafter.blocks_logits(feats, ids, starts, gamma=2)
+    torch.testing.assert_close(short, logits[:, :, :2], rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match="drafts 1..4 tokens"):
+        drafter.blocks_logits(feats, ids, starts, gamma=5)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("tree", ["auto", None])
 def test_greedy_decoding_is_identical_to_the_verifier(arch, tree):

@@ -43,7 +43,7 @@ def test_fit_export_reload_and_decode_losslessly(tmp_path, targets):
 
 def test_verifier_targets_are_its_teacher_forced_argmax():
     module = ConditionedDrafterTraining(
-        verifier="tiny-llama", num_layers=1, feature_layers=(1,), mask_token_id=63
+        verifier="tiny-llama", num_layers=1, feature_layers=(1,), mask_token_id=63, targets="verifier"
     )
     ids = torch.tensor([[3, 7, 9, 11, 2], [4, 5, 6, 0, 0]])
     lengths = torch.tensor([5, 3])
@@ -53,6 +53,11 @@ def test_verifier_targets_are_its_teacher_forced_argmax():
     assert feats.shape == (2, 5, 32) and not feats[1, 3:].any()  # padding rows stay zero
     again = module.verifier_features(ids, lengths)  # from the cache
     assert torch.equal(again[1], greedy) and torch.allclose(again[0], feats, atol=1e-2)
+    corpus = ConditionedDrafterTraining(
+        verifier="tiny-llama", num_layers=1, feature_layers=(1,), mask_token_id=63, cache_features=False
+    )
+    own_feats, own = corpus.verifier_features(ids, lengths)  # the corpus's tokens: no logits read
+    assert torch.equal(own, ids) and torch.allclose(own_feats, feats)
 
 
 def test_export_loads_through_load_drafter(tmp_path):

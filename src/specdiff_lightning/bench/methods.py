@@ -26,6 +26,7 @@ ROLES = (
     "hf_generate",
     "hf_prompt_lookup",
     "hf_assisted",
+    "hf_dflash",
     "sps",
     "specdiff",
     "specdiff2",
@@ -39,6 +40,7 @@ _DEFAULT_ROLE = {
     "hf_compiled": "hf_generate",  # plain decoding too: the denominator is the fastest of them
     "hf_prompt_lookup": "hf_prompt_lookup",
     "hf_assisted": "hf_assisted",
+    "hf_dflash": "hf_dflash",
     "sps": "sps",
     "diffusion": "specdiff2",
 }
@@ -53,7 +55,8 @@ class BenchMethod:
         kind: which runner decodes it (a key of ``bench.runners.RUNNERS``): ``verifier`` (our loop,
             no drafter), ``hf`` (``generate()``), ``hf_compiled`` (``generate()`` with a static cache
             and a compiled forward, on its own model copy), ``hf_prompt_lookup``, ``hf_assisted`` (``generate(assistant_model=
-            the AR drafter)``), ``sps`` (our loop, AR drafter), ``diffusion`` (our loop, a diffusion drafter).
+            the AR drafter)``), ``hf_dflash`` (``generate(assistant_model=the DFlash drafter's stock
+            model, speculation_type="dflash")``, the row's ``drafter``), ``sps`` (our loop, AR drafter), ``diffusion`` (our loop, a diffusion drafter).
         decoding: overrides of the run's :class:`DecodingConfig` (diffusion rows also shape their
             draft trees through its ``tree`` and ``lookup``).
         sweep: the ablation this row belongs to (``num_drafts``, ``gamma``, ...), None for main rows.

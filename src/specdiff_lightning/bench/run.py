@@ -217,7 +217,7 @@ def _runnable(m: BenchMethod, pair: BenchModels | None) -> bool:
         return False
     if m.kind in ("sps", "hf_assisted"):
         return "ar" in pair.drafters
-    if m.kind == "diffusion":
+    if m.kind in ("diffusion", "hf_dflash"):
         return (m.drafter or "main") in pair.drafters
     return True
 

@@ -139,6 +139,19 @@ def _hf_assisted(models, method, cfg, ids, generator, profiler):
     return hf_generate(models.verifier, ids, cfg, assistant_model=models.drafter("ar").model)
 
 
+def _hf_dflash(models, method, cfg, ids, generator, profiler):
+    """transformers' own DFlash loop (a chain of the block's drafts) with the stock model our
+    DFlash rows draft with: the same weights, HF's loop."""
+    drafter = models.drafter(method.drafter)
+    model = getattr(drafter, "model", None)
+    if type(model).__name__ != "MuseGlimmerAssistantModel":
+        raise ValueError(
+            f"an hf_dflash row needs a DFlash drafter (DFlashDrafter); drafter {method.drafter!r} is "
+            f"{type(drafter).__name__}"
+        )
+    return hf_generate(models.verifier, ids, cfg, assistant_model=model, speculation_type="dflash")
+
+
 def _speculative(drafter: Drafter, models, cfg, ids, generator, profiler):
     eos = models.verifier.generation_config.eos_token_id
     return speculative_generate(
@@ -170,6 +183,7 @@ RUNNERS: dict[str, Callable] = {
     "hf_compiled": _hf_compiled,
     "hf_prompt_lookup": _hf_prompt_lookup,
     "hf_assisted": _hf_assisted,
+    "hf_dflash": _hf_dflash,
     "sps": _sps,
     "diffusion": _diffusion,
 }

@@ -252,6 +252,61 @@ class DFlashDrafter(Drafter):
         rows = hidden[0, 1:].to(self.head.weight.device, self.head.weight.dtype).clone()
         return self.head(rows)[None]
 
+    def blocks_logits(
+        self, features: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, gamma: int | None = None
+    ) -> torch.Tensor:
+        """Training forward: many blocks of each sequence in one pass, as DFlash trains.
+
+        Args:
+            features: ``[B, L, F]`` the verifier's hidden states at :attr:`feature_layers`,
+                concatenated, of the clean ``input_ids[B, L]`` (teacher-forced: what decoding
+                feeds through :meth:`observe`).
+            starts: ``[B, M]`` block starts t (``1 <= t < L``): the block's anchor is the pending
+                token ``x_{t-1}``, it sees the features of ``x_0..x_{t-2}``, and it drafts
+                ``x_t..x_{t+gamma-1}``: exactly a decoding round with prefix ``x_0..x_{t-1}``.
+            gamma: drafted positions returned (default and at most ``block_size - 1``); the
+                block itself is always ``block_size`` long (its marginals depend on its length).
+        Returns:
+            ``logits[B, M, gamma, V]`` through the verifier's head.
+        """
+        from ..decoding.attention import to_model_mask
+        from .diffusion import blocks_allowed
+
+        size = self.block_size
+        gamma = size - 1 if gamma is None else int(gamma)
+        if not 1 <= gamma < size:
+            raise ValueError(f"gamma={gamma}: a DFlash block of {size} drafts 1..{size - 1} tokens")
+        dtype = next(self.model.parameters()).dtype
+        batch, length = input_ids.shape
+        m = starts.shape[1]
+        anchor = starts - 1
+        masks = torch.full(
+            (batch, m, size - 1), self.mask_token_id, dtype=input_ids.dtype, device=input_ids.device
+        )
+        block = torch.cat([input_ids.gather(1, anchor)[..., None], masks], dim=-1)  # [B, M, size]
+        noise = self.embeddings(block.flatten(1)).to(self.device, dtype)
+        positions = torch.cat(
+            [
+                torch.arange(length, device=starts.device)[None].expand(batch, -1),
+                (anchor[:, :, None] + torch.arange(size, device=starts.device)).flatten(1),
+            ],
+            dim=1,
+        )
+        # Queries are the blocks only; keys are [context ; blocks]: block m sees the features of
+        # its first anchor_m positions and itself (the rows of blocks_allowed past the sequence).
+        allowed = blocks_allowed(length, anchor, size)[:, length:]
+        mask = to_model_mask(allowed, self.model, dtype).to(self.device)
+        hidden = self.model(
+            noise_embeds=noise,
+            context_hidden_states=features.to(self.device, dtype),
+            attention_mask={"full_attention": mask, "sliding_attention": mask},
+            position_ids=positions.to(self.device),
+            use_cache=False,
+        ).last_hidden_state
+        rows = hidden.view(batch, m, size, -1)[:, :, 1 : 1 + gamma]
+        rows = rows.reshape(-1, rows.shape[-1]).to(self.head.weight.device, self.head.weight.dtype).clone()
+        return self.head(rows).view(batch, m, gamma, -1)
+
     @torch.no_grad()
     def propose(
         self,

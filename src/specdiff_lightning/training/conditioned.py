@@ -1,9 +1,5 @@
-"""Training the feature-conditioned block-diffusion drafter (``models/conditioned.py``).
-
-The frozen verifier reads each sequence (prompt ⊕ its own greedy continuation) once and yields its
-hidden states; the drafter learns, for many windows per sequence in one forward, the next ``gamma``
-tokens from those features, with the visibility of a decoding round. Objectives are the shared
-window losses (``masked_ce``: cross-entropy at every slot; ``streak``: streak-distillation).
+"""Training the feature-conditioned block-diffusion drafter (``models/conditioned.py``); the
+verifier's reading and the objectives are shared with the DFlash family (``training/features.py``).
 """
 
 from __future__ import annotations
@@ -12,15 +8,12 @@ import torch
 
 from ..models.conditioned import ConditionedDrafter
 from ..models.loading import load_verifier
-from .losses import masked_ce_loss, streak_loss
-from .slice_drafter import SharedEmbeddingDrafterTraining, block_targets, sample_block_starts
+from .features import VerifierFeatureTraining
 
 __all__ = ["ConditionedDrafterTraining"]
 
-_OBJECTIVES = {"masked_ce": masked_ce_loss, "streak": streak_loss}
 
-
-class ConditionedDrafterTraining(SharedEmbeddingDrafterTraining):
+class ConditionedDrafterTraining(VerifierFeatureTraining):
     """Train a :class:`ConditionedDrafter` against a frozen verifier.
 
     Args:
@@ -66,11 +59,9 @@ class ConditionedDrafterTraining(SharedEmbeddingDrafterTraining):
         overwrite_export: bool = False,
     ) -> None:
         super().__init__()
-        if objective not in _OBJECTIVES:
-            raise ValueError(f"objective must be one of {sorted(_OBJECTIVES)}, got {objective!r}")
-        if targets not in ("corpus", "verifier"):
-            raise ValueError(f"targets must be 'corpus' or 'verifier', got {targets!r}")
+        self._check_objective(objective, targets)
         self.save_hyperparameters()
+        self.window = gamma
         frozen = load_verifier(verifier, dtype=torch.float32)
         # Not a submodule: frozen, shared, never checkpointed (the drafter's embeddings are its tensors).
         self._hold_verifier(frozen)
@@ -90,48 +81,6 @@ class ConditionedDrafterTraining(SharedEmbeddingDrafterTraining):
         self.fusion = drafter.fusion.train().requires_grad_(True)
         self.drafter = drafter
         self._generator = torch.Generator().manual_seed(seed)
-        self._features: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def on_fit_start(self) -> None:
-        self.verifier.to(self.device)
-
-    @torch.no_grad()
-    def verifier_features(
-        self, ids: torch.Tensor, lengths: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The verifier's reading of right-padded ``ids[B, L]``: ``features[B, L, F]`` (its
-        ``feature_layers`` hidden states) and ``greedy[B, L]``, its argmax next token after each
-        prefix, shifted so that ``greedy[b, t]`` predicts position t (``greedy[b, 0] = ids[b, 0]``)."""
-        layers = self.drafter.feature_layers
-        keys = [tuple(row[: int(n)].tolist()) for row, n in zip(ids, lengths, strict=True)]
-        if self.hparams.cache_features and all(k in self._features for k in keys):
-            rows = [self._features[k] for k in keys]
-        else:
-            attention = (torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]).long()
-            out = self.verifier(input_ids=ids, attention_mask=attention, output_hidden_states=list(layers))
-            full = torch.cat([out.hidden_states[i] for i in layers], dim=-1)
-            greedy = torch.cat([ids[:, :1], out.logits[:, :-1].argmax(-1)], dim=1)
-            rows = [(full[b, : int(n)], greedy[b, : int(n)]) for b, n in enumerate(lengths)]
-            if self.hparams.cache_features:
-                self._features.update(
-                    {k: (f.to("cpu", torch.bfloat16), g.cpu()) for k, (f, g) in zip(keys, rows, strict=True)}
-                )
-        features = torch.zeros(*ids.shape, rows[0][0].shape[-1], device=ids.device)
-        greedy = ids.clone()
-        for b, (f, g) in enumerate(rows):
-            features[b, : f.shape[0]] = f.to(features)
-            greedy[b, : g.shape[0]] = g.to(greedy)
-        return features, greedy
-
-    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        hp = self.hparams
-        ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
-        feats, greedy = self.verifier_features(ids, lengths)
-        starts = sample_block_starts(cont, lengths, hp.blocks, self._generator).to(ids.device)
-        labels = greedy if hp.targets == "verifier" else ids
-        targets = block_targets(labels, lengths, starts, hp.gamma)
-        logits = self.drafter.blocks_logits(feats, ids, starts, hp.gamma)
-        return _OBJECTIVES[hp.objective](logits.flatten(0, 1), targets.flatten(0, 1), hp.draft_temperature)
 
     def export(self, path: str, dtype: torch.dtype | None = torch.bfloat16) -> None:
         """Write the drafter (its layers, norm and fusion; the embeddings stay the verifier's)."""

@@ -1,0 +1,135 @@
+"""Training a DFlash drafter (``models/dflash.py``, transformers' stock ``MuseGlimmerAssistantModel``)
+against a frozen verifier: masked cross-entropy on blocks at random anchors, as DFlash trains, or
+streak-distillation (METHOD.md §5); the verifier's reading and the objectives are shared with the
+conditioned family (``training/features.py``). The export is a transformers-layout DFlash checkpoint
+(``export --layout zlab`` rewrites it in z-lab's layout for vLLM / SGLang).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.dflash import DFlashDrafter
+from ..models.loading import load_verifier
+from .features import VerifierFeatureTraining
+
+__all__ = ["DFlashDrafterTraining", "init_layers_from_verifier"]
+
+# The verifier-layer tensors a DFlash layer can start from (same shapes; the DFlash layer's QK-norms
+# and context projection have no counterpart and keep their initialisation).
+_SHARED = (
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+)
+
+
+@torch.no_grad()
+def init_layers_from_verifier(
+    drafter: DFlashDrafter, verifier: torch.nn.Module, layer_ids: list[int]
+) -> None:
+    """Start drafter layer i from verifier decoder layer ``layer_ids[i]`` (its attention and MLP
+    weights and norms, where names and shapes agree) and the drafter's final norm from the
+    verifier's: a language model's weights instead of noise, for short training budgets."""
+    layers = verifier.get_decoder().layers
+    if len(layer_ids) != len(drafter.model.layers):
+        raise ValueError(
+            f"init_layers_from_verifier names {len(layer_ids)} verifier layers for a drafter of "
+            f"{len(drafter.model.layers)} layers; give one verifier layer per drafter layer"
+        )
+    for own, i in zip(drafter.model.layers, layer_ids, strict=True):
+        if not 0 <= i < len(layers):
+            raise ValueError(
+                f"init_layers_from_verifier: layer {i} is outside the verifier's 0..{len(layers) - 1}"
+            )
+        source = layers[i].state_dict()
+        target = own.state_dict()
+        for name in _SHARED:
+            if name in source and name in target and source[name].shape == target[name].shape:
+                target[name].copy_(source[name])
+    drafter.model.norm.weight.copy_(verifier.get_decoder().norm.weight)
+
+
+class DFlashDrafterTraining(VerifierFeatureTraining):
+    """Train a :class:`~specdiff_lightning.models.dflash.DFlashDrafter` against a frozen verifier.
+
+    Args:
+        verifier: a :func:`~specdiff_lightning.models.loading.load_verifier` spec.
+        num_layers: the drafter's depth.
+        target_layer_ids: the verifier layers (0-based, DFlash's convention: id i is layer i's
+            output) whose hidden states the drafter reads.
+        block_size: the block (the pending token plus ``block_size - 1`` masks; it drafts
+            ``block_size - 1`` tokens).
+        mask_token_id: an id the verifier never emits (SmolLM2: 16, ``<empty_output>``).
+        init_layers_from: verifier layer ids whose weights start the drafter's layers (one per
+            layer); None: the stock random initialisation.
+        init_from: a saved DFlash drafter (either layout) to continue training.
+        objective: ``"masked_ce"`` (DFlash's) or ``"streak"`` (streak-distillation).
+        blocks: blocks per sequence and step (anchors uniform over the continuation).
+        targets: ``"corpus"`` (the record's tokens: the verifier's continuations) or ``"verifier"``
+            (its teacher-forced argmax at every position, for any text).
+        cache_features: keep each sequence's features after its first read (bf16, in memory).
+        export_dir / export_dtype / overwrite_export: as every drafter training module.
+    """
+
+    def __init__(
+        self,
+        verifier: str = "smollm2-135m-instruct",
+        num_layers: int = 3,
+        target_layer_ids: tuple[int, ...] = (1, 8, 15, 22, 29),
+        block_size: int = 16,
+        mask_token_id: int = 16,
+        init_layers_from: tuple[int, ...] | None = None,
+        init_from: str | None = None,
+        objective: str = "masked_ce",
+        blocks: int = 16,
+        draft_temperature: float = 1.0,
+        lr: float = 6e-4,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 20,
+        seed: int = 0,
+        targets: str = "corpus",
+        cache_features: bool = True,
+        export_dir: str | None = None,
+        export_dtype: str = "bfloat16",
+        overwrite_export: bool = False,
+    ) -> None:
+        super().__init__()
+        self._check_objective(objective, targets)
+        self.save_hyperparameters()
+        frozen = load_verifier(verifier, dtype=torch.float32)
+        self._hold_verifier(frozen)  # not a submodule: frozen, shared, never checkpointed
+        if init_from:
+            drafter = DFlashDrafter.from_pretrained(init_from, verifier=frozen, dtype=torch.float32)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                drafter = DFlashDrafter.build(
+                    frozen,
+                    num_layers,
+                    tuple(target_layer_ids),
+                    mask_token_id,
+                    block_size,
+                    dtype=torch.float32,
+                )
+            if init_layers_from is not None:
+                init_layers_from_verifier(drafter, frozen, list(init_layers_from))
+        self.drafter_model = drafter.model.train().requires_grad_(True)
+        self.drafter = drafter
+        self.window = drafter.block_size - 1
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def export(self, path: str, dtype: torch.dtype | None = torch.bfloat16, layout: str = "hf") -> None:
+        """Write the drafter as a DFlash checkpoint (never the verifier's embeddings or head) in
+        ``dtype`` (None: as it is; the training copy is never cast) and ``layout``: ``"hf"``
+        (transformers') or ``"zlab"`` (z-lab's, for vLLM / SGLang)."""
+        import copy
+
+        model = self.drafter.model if dtype is None else copy.deepcopy(self.drafter.model).to(dtype)
+        DFlashDrafter(model, self.verifier).save_pretrained(path, layout=layout)

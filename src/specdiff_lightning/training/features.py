@@ -1,0 +1,86 @@
+"""What training a drafter that reads the verifier's hidden states shares (the conditioned and the
+DFlash families): the frozen verifier reads each sequence (prompt ⊕ its own continuation) once and
+yields its features; the drafter learns many blocks per sequence in one forward
+(``drafter.blocks_logits``), each with exactly the visibility of a decoding round. Objectives are
+the shared window losses (``masked_ce``: cross-entropy at every slot, as DFlash trains; ``streak``:
+streak-distillation, METHOD.md §5).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .losses import masked_ce_loss, streak_loss
+from .slice_drafter import SharedEmbeddingDrafterTraining, block_targets, sample_block_starts
+
+__all__ = ["VerifierFeatureTraining", "FEATURE_OBJECTIVES"]
+
+#: the objectives of a feature-reading drafter, by the name configs use
+FEATURE_OBJECTIVES = {"masked_ce": masked_ce_loss, "streak": streak_loss}
+
+
+class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
+    """A subclass sets ``self.drafter`` (``.feature_layers``, ``.blocks_logits(features, ids,
+    starts, gamma)``), :attr:`window` (tokens drafted per block) and the hyperparameters
+    ``objective``, ``blocks``, ``targets``, ``cache_features``, ``draft_temperature``."""
+
+    window: int
+
+    def _check_objective(self, objective: str, targets: str) -> None:
+        if objective not in FEATURE_OBJECTIVES:
+            raise ValueError(f"objective must be one of {sorted(FEATURE_OBJECTIVES)}, got {objective!r}")
+        if targets not in ("corpus", "verifier"):
+            raise ValueError(f"targets must be 'corpus' or 'verifier', got {targets!r}")
+        self._features: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def on_fit_start(self) -> None:
+        self.verifier.to(self.device)
+
+    @torch.no_grad()
+    def verifier_features(
+        self, ids: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The verifier's reading of right-padded ``ids[B, L]``: ``features[B, L, F]`` (its
+        ``feature_layers`` hidden states) and ``greedy[B, L]``, its argmax next token after each
+        prefix, shifted so that ``greedy[b, t]`` predicts position t (``greedy[b, 0] = ids[b, 0]``);
+        with ``targets="corpus"`` (where it is not read) ``greedy`` is ``ids``.
+        With ``cache_features`` each sequence is read once per process (kept in bf16 on the CPU)."""
+        layers = self.drafter.feature_layers
+        keys = [tuple(row[: int(n)].tolist()) for row, n in zip(ids, lengths, strict=True)]
+        if self.hparams.cache_features and all(k in self._features for k in keys):
+            rows = [self._features[k] for k in keys]
+        else:
+            attention = (torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]).long()
+            # The corpus's own tokens as targets need no logits: the head (a fifth of a small
+            # verifier's forward) then runs on one position only.
+            own = self.hparams.targets == "corpus"
+            out = self.verifier(
+                input_ids=ids,
+                attention_mask=attention,
+                output_hidden_states=list(layers),
+                **({"logits_to_keep": 1} if own else {}),
+            )
+            full = torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+            greedy = ids.clone() if own else torch.cat([ids[:, :1], out.logits[:, :-1].argmax(-1)], dim=1)
+            rows = [(full[b, : int(n)], greedy[b, : int(n)]) for b, n in enumerate(lengths)]
+            if self.hparams.cache_features:
+                self._features.update(
+                    {k: (f.to("cpu", torch.bfloat16), g.cpu()) for k, (f, g) in zip(keys, rows, strict=True)}
+                )
+        features = torch.zeros(*ids.shape, rows[0][0].shape[-1], device=ids.device)
+        greedy = ids.clone()
+        for b, (f, g) in enumerate(rows):
+            features[b, : f.shape[0]] = f.to(features)
+            greedy[b, : g.shape[0]] = g.to(greedy)
+        return features, greedy
+
+    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        hp = self.hparams
+        ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
+        feats, greedy = self.verifier_features(ids, lengths)
+        starts = sample_block_starts(cont, lengths, hp.blocks, self._generator).to(ids.device)
+        labels = greedy if hp.targets == "verifier" else ids
+        targets = block_targets(labels, lengths, starts, self.window)
+        logits = self.drafter.blocks_logits(feats, ids, starts, self.window)
+        objective = FEATURE_OBJECTIVES[hp.objective]
+        return objective(logits.flatten(0, 1), targets.flatten(0, 1), hp.draft_temperature)

@@ -1,0 +1,88 @@
+"""Training a DFlash drafter through our LightningModule: it learns under both objectives, exports a
+transformers-layout checkpoint that reloads and decodes losslessly, and can start from verifier layers."""
+
+import pytest
+import torch
+
+from helpers import fit_briefly, random_sequence_corpus, reference_greedy
+from specdiff_lightning import DFlashDrafter, speculative_generate
+from specdiff_lightning.models.loading import load_drafter, load_verifier
+from specdiff_lightning.training.dflash import DFlashDrafterTraining, init_layers_from_verifier
+
+TINY = dict(
+    verifier="tiny-llama", num_layers=1, target_layer_ids=(0, 1), block_size=5, mask_token_id=63, blocks=4
+)
+
+
+@pytest.mark.parametrize("objective", ["masked_ce", "streak"])
+def test_fit_export_reload_and_decode_losslessly(tmp_path, objective):
+    corpus = random_sequence_corpus(tmp_path / "corpus.jsonl")
+    export = tmp_path / "export"
+    module = DFlashDrafterTraining(**TINY, objective=objective, export_dir=str(export))
+    before = {k: v.clone() for k, v in module.drafter_model.state_dict().items()}
+    fit_briefly(module, corpus, tmp_path, max_steps=4)
+    after = module.drafter_model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
+    assert module._features  # the verifier read each sequence once
+    state = " ".join(module.state_dict())
+    assert "embed_tokens" not in state and "lm_head" not in state and "verifier" not in state
+    assert (export / "config.json").is_file() and (export / "model.safetensors").is_file()
+
+    verifier = load_verifier("tiny-llama", dtype=torch.float32)
+    for drafter in (
+        DFlashDrafter.from_pretrained(export, verifier=verifier),
+        load_drafter(str(export), verifier=verifier),
+    ):
+        assert type(drafter) is DFlashDrafter and drafter.block_size == 5
+        assert next(drafter.model.parameters()).dtype == torch.float32  # the verifier's dtype
+        ids = torch.tensor([[5, 9, 2, 44]])
+        out = speculative_generate(
+            verifier, drafter, ids, max_new_tokens=12, gamma=4, num_drafts=2, temperature=0
+        )
+        assert torch.equal(out.sequences, reference_greedy(verifier, ids, 12))
+
+
+def test_the_loss_reads_the_blocks_a_decoding_round_drafts():
+    """The training loss is the objective on ``blocks_logits`` at the sampled anchors, with the
+    corpus tokens after each anchor as targets."""
+    from specdiff_lightning.training.losses import masked_ce_loss
+    from specdiff_lightning.training.slice_drafter import block_targets, sample_block_starts
+
+    module = DFlashDrafterTraining(**TINY, seed=3, cache_features=False)  # both reads in float32
+    ids = torch.tensor([[3, 7, 9, 11, 2, 5, 8, 1], [4, 5, 6, 10, 12, 0, 0, 0]])
+    batch = {"input_ids": ids, "lengths": torch.tensor([8, 5]), "cont_start": torch.tensor([2, 1])}
+    loss, streak = module._loss(batch)
+    starts = sample_block_starts(batch["cont_start"], batch["lengths"], 4, torch.Generator().manual_seed(3))
+    feats, _ = module.verifier_features(ids, batch["lengths"])
+    logits = module.drafter.blocks_logits(feats, ids, starts, 4)
+    want, _ = masked_ce_loss(
+        logits.flatten(0, 1), block_targets(ids, batch["lengths"], starts, 4).flatten(0, 1)
+    )
+    torch.testing.assert_close(loss, want)
+    assert streak.shape == (8,)
+
+
+def test_layers_can_start_from_the_verifiers():
+    module = DFlashDrafterTraining(**TINY, init_layers_from=(1,))
+    own = module.drafter_model.layers[0]
+    theirs = module.verifier.get_decoder().layers[1]
+    assert torch.equal(own.self_attn.q_proj.weight, theirs.self_attn.q_proj.weight)
+    assert torch.equal(own.mlp.down_proj.weight, theirs.mlp.down_proj.weight)
+    assert torch.equal(module.drafter_model.norm.weight, module.verifier.get_decoder().norm.weight)
+    with pytest.raises(ValueError, match="one verifier layer per drafter layer"):
+        init_layers_from_verifier(module.drafter, module.verifier, [0, 1])
+    with pytest.raises(ValueError, match="outside the verifier"):
+        init_layers_from_verifier(module.drafter, module.verifier, [7])
+
+
+def test_training_continues_from_a_saved_drafter(tmp_path):
+    module = DFlashDrafterTraining(**TINY)
+    module.export(str(tmp_path / "d"), dtype=None)
+    again = DFlashDrafterTraining(**TINY, init_from=str(tmp_path / "d"), seed=5)
+    for a, b in zip(module.drafter_model.parameters(), again.drafter_model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_bad_objective_is_a_clear_error():
+    with pytest.raises(ValueError, match="objective must be one of"):
+        DFlashDrafterTraining(**TINY, objective="kl")
