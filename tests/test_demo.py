@@ -60,10 +60,20 @@ def test_smollm2_rows_name_shipped_drafters_and_unique_keys():
     names = {name for name, _ in _DRAFTERS}
     for row in rows:
         assert row.role in ROLES
-        if row.kind == "diffusion":
+        if row.kind in ("diffusion", "hf_dflash"):
             assert (row.drafter or "main") in names, row.key
         if row.drafter == "conditioned":  # SpecDiff-2 itself, with its fastest drafter: the targets read it
             assert row.role == "specdiff2", row.key
+    # issue 18: HF's DFlash loop and ours with the same DFlash weights, side by side
+    assert {
+        "hf_dflash_bf16",
+        "specdiff2_dflash_auto_bf16",
+        "specdiff2_dflash_auto_fp32",
+        "specdiff2_dflash_k1_bf16",
+        "specdiff2_dflash_k1_lookup_bf16",
+        "specdiff2_dflash_k4_bf16",
+    } <= set(keys)
+    assert all(r.drafter == "dflash" for r in rows if "dflash" in r.key)
     # every float32 row of our loops is there to prove exactness: each has a bf16 twin that is timed
     assert {k.removesuffix("_fp32") for k in keys if k.endswith("_fp32")} - {"hf_generate", "verifier"} <= {
         k.removesuffix("_bf16") for k in keys

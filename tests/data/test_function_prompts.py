@@ -15,7 +15,10 @@ PROBLEMS = [
 def test_prompts_overlapping_humaneval_are_dropped_and_counted():
     prompts = [
         {"id": "a", "prompt": 'def has_close_elements(xs):\n    """Mine."""\n'},  # a HumanEval entry point
-        {"id": "b", "prompt": 'def f(x):\n    """Check if in given list of numbers, are any two numbers close."""\n'},
+        {
+            "id": "b",
+            "prompt": 'def f(x):\n    """Check if in given list of numbers, are any two numbers close."""\n',
+        },
         {"id": "c", "prompt": 'def parse(text):\n    """Split text on commas."""\n'},
     ]
     kept, report = humaneval_disjoint(prompts, PROBLEMS)

@@ -24,6 +24,12 @@ def test_fit_export_reload_and_decode_losslessly(tmp_path, objective):
     after = module.drafter_model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
     assert module._features  # the verifier read each sequence once
+    from specdiff_lightning.data.sequences import SequenceDataModule
+
+    data = SequenceDataModule(str(corpus), batch_size=4, max_length=32, val_percent=50)
+    (metrics,) = module.trainer.validate(module, data)
+    assert {"val/loss", "val/streak", "val/accepted"} <= set(metrics)
+    assert 0 <= metrics["val/accepted"] <= module.window
     state = " ".join(module.state_dict())
     assert "embed_tokens" not in state and "lm_head" not in state and "verifier" not in state
     assert (export / "config.json").is_file() and (export / "model.safetensors").is_file()

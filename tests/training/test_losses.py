@@ -132,3 +132,13 @@ def test_objectives_declare_their_need_for_verifier_distributions():
     logits, targets = torch.randn(1, 3, 6), torch.tensor([[0, 1, 2]])
     with pytest.raises(ValueError, match="needs verifier_logprobs"):
         tv_loss(logits, targets, 1.0)
+
+
+def test_greedy_chain_accepted_counts_leading_argmax_matches():
+    from specdiff_lightning.training.losses import greedy_chain_accepted
+
+    logits = torch.full((3, 4, 5), -1.0)
+    chain = torch.tensor([[1, 2, 3, 4], [0, 0, 0, 0], [2, 2, 1, 1]])
+    logits.scatter_(-1, chain[..., None], 1.0)  # argmax = chain
+    targets = torch.tensor([[1, 2, 0, 4], [1, 0, 0, 0], [2, 2, -100, -100]])
+    assert greedy_chain_accepted(logits, targets).tolist() == [2, 0, 2]  # a miss or the end stops it

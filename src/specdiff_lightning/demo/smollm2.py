@@ -95,6 +95,7 @@ _DRAFTERS = (
     ("mdm", "drafter_mdm"),  # its masked-CE stage 1
     ("ar", "ar_drafter"),  # the AR-distilled peer (SpS, HF assisted)
     ("conditioned", "drafter_conditioned"),  # reads the verifier's hidden states
+    ("dflash", "drafter_dflash"),  # the DFlash design (transformers' stock class), reads them too
 )
 
 
@@ -156,6 +157,47 @@ _ROWS = (
         {"tree": "auto"},
         {"drafter": "conditioned", "role": "specdiff2"},
         {"fast": None, "float32": 1},
+    ),
+    # The DFlash drafter: transformers' own DFlash loop (a chain) and ours with the same weights.
+    (
+        "hf_dflash",
+        "HF DFlash generate (DFlash drafter)",
+        "hf_dflash",
+        {},
+        {"drafter": "dflash"},
+        {"fast": None},
+    ),
+    (
+        "specdiff2_dflash_auto",
+        "SpecDiff-2 DFlash (tree: auto)",
+        "diffusion",
+        {"tree": "auto"},
+        {"drafter": "dflash", "role": "specdiff2"},
+        {"fast": None, "float32": 1},
+    ),
+    (
+        "specdiff2_dflash_k1",
+        "SpecDiff-2 DFlash (K=1, the chain)",
+        "diffusion",
+        {},
+        {"drafter": "dflash", "role": "specdiff2"},
+        {"fast": 1},
+    ),
+    (
+        "specdiff2_dflash_k1_lookup",
+        "SpecDiff-2 DFlash (K=1 + context copies)",
+        "diffusion",
+        {"lookup": True},
+        {"drafter": "dflash", "role": "specdiff2"},
+        {"fast": 1},
+    ),
+    (
+        "specdiff2_dflash_k{k}",
+        "SpecDiff-2 DFlash (K={k}: mode + {r} runner-up first tokens)",
+        "diffusion",
+        {"tree": "runner_ups"},
+        {"drafter": "dflash", "role": "specdiff2"},
+        {"fast": 1},
     ),
     (
         "specdiff2_fc_k1_lookup",
@@ -268,6 +310,7 @@ _STEPS_PER_TOKEN = {
     "verifier": 1.0,
     "hf_prompt_lookup": 0.8,
     "hf_assisted": 2.1,
+    "hf_dflash": 0.8,
     "sps": 2.0,
 }
 _SPECULATIVE_STEPS = 0.7
@@ -278,9 +321,20 @@ _REDUCTIONS = (
     (("hf_assisted", "sps", "specdiff2_fc_k1_lookup"), 1),
     (("hf_prompt_lookup",), 1),
     (("specdiff2_k1", "specdiff2_k4", "specdiff2_k4_lookup", "mdm_k1", "specdiff2_fc_k1"), 0),
-    (("hf_generate", "hf_generate_compiled", "specdiff2_fc_auto"), 2),
+    (("specdiff2_dflash_k1_lookup", "specdiff2_dflash_k4"), 0),
+    (("hf_generate", "hf_generate_compiled", "specdiff2_fc_auto", "specdiff2_dflash_auto", "hf_dflash"), 2),
     (("hf_assisted", "sps"), 0),
-    (("hf_generate", "hf_generate_compiled", "specdiff2_fc_auto", "specdiff2_fc_k1_lookup"), 1),
+    (
+        (
+            "hf_generate",
+            "hf_generate_compiled",
+            "specdiff2_fc_auto",
+            "specdiff2_fc_k1_lookup",
+            "specdiff2_dflash_auto",
+            "hf_dflash",
+        ),
+        1,
+    ),
 )
 
 
@@ -371,7 +425,15 @@ def smollm2_targets(num_drafts: int, machine: dict | None = None) -> list:
     fast_bf16 = bool(flags & {"avx512_bf16", "amx_bf16"}) and capability.startswith("AVX512")
 
     def auto_row(r):
-        rows = [x for x in r["rows"] if x["key"].startswith("specdiff2_fc_auto") and x.get("tokens_per_s")]
+        rows = [
+            x
+            for x in r["rows"]
+            if x["key"].startswith(("specdiff2_fc_auto", "specdiff2_dflash_auto")) and x.get("tokens_per_s")
+        ]
+        return figure(max(rows, key=lambda x: x["tokens_per_s"]) if rows else None, "tokens_per_s")
+
+    def best_dflash(r):
+        rows = [x for x in r["rows"] if x["key"].startswith("specdiff2_dflash") and x.get("tokens_per_s")]
         return figure(max(rows, key=lambda x: x["tokens_per_s"]) if rows else None, "tokens_per_s")
 
     return [
@@ -393,6 +455,19 @@ def smollm2_targets(num_drafts: int, machine: dict | None = None) -> list:
             fastest("specdiff2"),
             fastest("hf_assisted"),
             1.2,
+        ),
+        Target(
+            "our best DFlash row vs HF DFlash generate, same drafter weights",
+            best_dflash,
+            fastest("hf_dflash"),
+            1.2,
+        ),
+        Target(
+            "DFlash chain (K=1): accepted draft tokens per verifier call",
+            per_call("specdiff2_dflash_k1"),
+            None,
+            2.0,
+            unit="",
         ),
         Target(
             "best SpecDiff-2 vs fastest HF prompt lookup",

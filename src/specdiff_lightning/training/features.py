@@ -74,7 +74,8 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
             greedy[b, : g.shape[0]] = g.to(greedy)
         return features, greedy
 
-    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def _blocks(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits[B*M, window, V], targets[B*M, window])`` of the batch's blocks at random anchors."""
         hp = self.hparams
         ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
         feats, greedy = self.verifier_features(ids, lengths)
@@ -82,5 +83,27 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
         labels = greedy if hp.targets == "verifier" else ids
         targets = block_targets(labels, lengths, starts, self.window)
         logits = self.drafter.blocks_logits(feats, ids, starts, self.window)
-        objective = FEATURE_OBJECTIVES[hp.objective]
-        return objective(logits.flatten(0, 1), targets.flatten(0, 1), hp.draft_temperature)
+        return logits.flatten(0, 1), targets.flatten(0, 1)
+
+    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, targets = self._blocks(batch)
+        return FEATURE_OBJECTIVES[self.hparams.objective](logits, targets, self.hparams.draft_temperature)
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        """Besides loss and streak: ``val/accepted``, the draft tokens greedy acceptance keeps of the
+        drafter's argmax chain along the corpus continuation (teacher-forced: leading matches per
+        block), what a K=1 chain round at draft temperature 0 accepts."""
+        from .losses import greedy_chain_accepted
+
+        logits, targets = self._blocks(batch)
+        loss, streak = FEATURE_OBJECTIVES[self.hparams.objective](
+            logits, targets, self.hparams.draft_temperature
+        )
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        self.log("val/streak", streak.float().mean(), prog_bar=True, sync_dist=True)
+        self.log(
+            "val/accepted",
+            greedy_chain_accepted(logits, targets).float().mean(),
+            prog_bar=True,
+            sync_dist=True,
+        )

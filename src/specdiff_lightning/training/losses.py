@@ -23,6 +23,7 @@ from ..constants import IGNORE_INDEX
 from ..decoding.sampling import compute_dtype
 
 __all__ = [
+    "greedy_chain_accepted",
     "IGNORE_INDEX",
     "streak_loss",
     "expected_streak_loss",
@@ -125,6 +126,14 @@ def expected_streak_loss(
     before = torch.cumsum(logq_x, dim=-1) - logq_x  # sum_{k<j} log q_k(x_k)
     streak = (torch.exp(before + log_inner) * valid).sum(-1)
     return -streak.mean(), streak.detach()
+
+
+def greedy_chain_accepted(draft_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``LongTensor[B]``: leading positions where the drafter's argmax equals the verifier's token
+    (``targets[B, g]``, ``IGNORE_INDEX`` past the end): what greedy acceptance keeps of the argmax
+    chain when the verifier's path is ``targets``."""
+    hit = (draft_logits.argmax(-1) == targets) & _valid(targets)
+    return hit.long().cumprod(-1).sum(-1)
 
 
 def _with_streak(loss, draft_logits, targets, temperature):
