@@ -228,3 +228,45 @@ def test_load_prompts_errors(tmp_path):
         load_prompts(tmp_path / "t.txt")
     (tmp_path / "ok.jsonl").write_text('{"id": "x", "prompt_ids": [4, 5]}\n\n')
     assert load_prompts(tmp_path / "ok.jsonl") == [{"id": "x", "prompt_ids": [4, 5]}]
+
+
+def test_batched_greedy_corpus_rows_equal_their_own_single_row_generate(tmp_path):
+    """Issue 18: B left-padded prompts per forward; at temperature 0 in float32 each row's tokens are
+    those of its own single-row generate()."""
+    import torch
+
+    verifier = tiny_model("llama", vocab_size=48, seed=0, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [
+        {"id": f"p{i}", "prompt_ids": torch.randint(1, 47, (int(n),), generator=gen).tolist()}
+        for i, n in enumerate([3, 9, 5, 12, 2, 7])
+    ]
+    out = generate_corpus(
+        verifier,
+        prompts,
+        tmp_path / "c",
+        num_continuations=1,
+        max_new_tokens=10,
+        batch_size=6,
+        temperature=0.0,
+        eos_token_id=47,
+        progress=False,
+    )
+    records = {r["id"]: r for r in iter_records(sorted(str(p) for p in out.glob("*.jsonl")))}
+    for p in prompts:
+        ids = torch.tensor([p["prompt_ids"]])
+        alone = verifier.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=10,
+            eos_token_id=47,
+            pad_token_id=47,
+        )[0, ids.shape[1] :].tolist()
+        if 47 in alone:
+            alone = alone[: alone.index(47) + 1]
+        assert records[f"{p['id']}#0"]["continuation_ids"] == alone, p["id"]
+    with pytest.raises(ValueError, match="one greedy continuation per prompt"):
+        generate_corpus(
+            verifier, prompts, tmp_path / "d", num_continuations=2, temperature=0.0, progress=False
+        )

@@ -136,7 +136,10 @@ def generate_corpus(
     tokenizer=None,
     progress: bool = True,
 ) -> Path:
-    """Sample ``num_continuations`` verifier continuations per prompt and write shards.
+    """Sample ``num_continuations`` verifier continuations per prompt (temperature 0: its one greedy
+    answer) and write shards. ``batch_size`` prompts share each verifier forward, left-padded: on a
+    2-core CPU with bf16 instructions SmolLM2-135M writes 314 tokens/s at batch 32 against 43 at
+    batch 1 (docs/results.md).
 
     Writes ``train-NNNNN.<fmt>`` (and ``val-NNNNN.<fmt>`` for ``ceil(val_fraction * N)`` prompts,
     chosen by id hash) plus ``manifest.json``. Returns the output directory.
@@ -145,6 +148,13 @@ def generate_corpus(
         raise ValueError(f"fmt must be 'jsonl' or 'parquet', got {fmt!r}")
     if num_continuations < 1 or max_new_tokens < 1 or batch_size < 1 or prompts_per_shard < 1:
         raise ValueError("num_continuations, max_new_tokens, batch_size and prompts_per_shard must be >= 1")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0: the verifier's greedy answers), got {temperature}")
+    if temperature == 0 and num_continuations > 1:
+        raise ValueError(
+            f"temperature 0 gives one greedy continuation per prompt; num_continuations={num_continuations} "
+            f"would repeat it: pass num_continuations 1 or a temperature > 0"
+        )
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = dict(

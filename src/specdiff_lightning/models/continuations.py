@@ -48,20 +48,24 @@ def sample_continuations(
     """Sample ``x_1..x_length ~ P(. | s)`` for left-padded prefixes ``[B, L]`` with ``generate()``.
 
     Pure temperature sampling: ``top_k=0``/``top_p=1`` switch off ``generate``'s default truncation
-    (its default ``top_k=50`` would silently change the teacher distribution). Decoding stops at
+    (its default ``top_k=50`` would silently change the teacher distribution); ``temperature=0``:
+    greedy decoding. Decoding stops at
     ``eos_token_id`` (kept); without one, exactly ``length`` tokens are sampled. Rows are
     ``num_return_sequences`` consecutive samples per prefix. Returns ``LongTensor[B * n, length]``
     with ``IGNORE_INDEX`` after an EOS.
     """
     if generator_seed is not None:
         torch.manual_seed(generator_seed)
+    # temperature 0: the verifier's greedy continuations (one per prefix is all there is)
+    sampling = (
+        dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        if temperature > 0
+        else {"do_sample": False}
+    )
     out = verifier.generate(
         input_ids=prefix,
         attention_mask=prefix_mask,
-        do_sample=True,
-        temperature=temperature,
-        top_k=0,
-        top_p=1.0,
+        **sampling,
         max_new_tokens=length,
         min_new_tokens=length if eos_token_id is None else 0,
         num_return_sequences=num_return_sequences,
