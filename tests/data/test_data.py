@@ -270,3 +270,27 @@ def test_batched_greedy_corpus_rows_equal_their_own_single_row_generate(tmp_path
         generate_corpus(
             verifier, prompts, tmp_path / "d", num_continuations=2, temperature=0.0, progress=False
         )
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_damaged_shard_is_reported_and_regenerated_without_duplicates(tmp_path, fmt):
+    """Issue 18: a truncated or corrupt shard is found on resume, named with its file and row, and
+    its prompts are generated again; no row is written twice."""
+    verifier = tiny_model("qwen2", vocab_size=32, seed=0)
+    prompts = [{"id": f"p{i}", "prompt_ids": [1 + i % 5, 2, 3]} for i in range(8)]
+    kwargs = dict(
+        num_continuations=2, max_new_tokens=5, batch_size=4, prompts_per_shard=4, fmt=fmt, progress=False
+    )
+    out = tmp_path / "c"
+    generate_corpus(verifier, prompts, out, **kwargs)
+    shard = out / f"train-00000.{fmt}"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])  # cut mid-row: a kill while copying, a full disk
+    with pytest.warns(UserWarning, match=rf"train-00000.{fmt}.*regenerating"):
+        generate_corpus(verifier, prompts, out, **kwargs)
+    records = list(iter_records(sorted(str(p) for p in out.glob(f"*.{fmt}")), on_error="raise"))
+    ids = [r["id"] for r in records]
+    assert len(ids) == 16 and len(set(ids)) == 16  # every prompt twice (two continuations), once each
+    assert not shard.exists()  # the damaged shard went; its prompts live in a new one
+    generate_corpus(verifier, prompts, out, **kwargs)  # a clean rerun changes nothing
+    assert sorted(r["id"] for r in iter_records(sorted(str(p) for p in out.glob(f"*.{fmt}")))) == sorted(ids)

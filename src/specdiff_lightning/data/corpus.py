@@ -1,8 +1,10 @@
 """``generate-corpus``: the verifier writes (prompt, continuation) records for distillation.
 
 Resumable and interruption-safe: prompts are processed in shards; each shard is written to a
-temporary file and renamed into place, then the manifest (which prompts are done) is replaced
-atomically. A rerun skips finished prompts; at most the shard in progress is redone.
+temporary file and renamed into place, then the manifest (which prompts each shard holds, how many
+rows) is replaced atomically. A rerun skips finished prompts; at most the shard in progress is
+redone. A rerun first reads every finished shard back: one that is truncated or corrupt is reported
+with its file and row, deleted, and its prompts generated again (never duplicated).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ..constants import IGNORE_INDEX
 from ..models.continuations import left_pad, sample_continuations
-from .records import CorpusError, read_jsonl, validate_prompt_record
+from .records import CorpusError, iter_records, read_jsonl, validate_prompt_record
 from .tokenization import encode_prompt
 
 __all__ = ["load_prompts", "generate_corpus", "MANIFEST"]
@@ -71,7 +73,7 @@ def load_prompts(path: str | os.PathLike, tokenizer=None) -> list[dict]:
 def _read_manifest(out: Path, config: dict) -> dict:
     path = out / MANIFEST
     if not path.exists():
-        return {"config": config, "done": [], "shards": []}
+        return {"config": config, "done": [], "shards": [], "shard_prompts": [], "rows": {}}
     manifest = json.loads(path.read_text())
     if manifest.get("config") != config:
         raise CorpusError(
@@ -79,6 +81,51 @@ def _read_manifest(out: Path, config: dict) -> dict:
             f"output directory or the same settings to resume"
         )
     return manifest
+
+
+def _shard_problem(path: Path, rows: int | None) -> str | None:
+    """What is wrong with a finished shard file (``"file:row ...: why"``), or None when it reads
+    back whole: every record valid and ``rows`` of them."""
+    if not path.is_file():
+        return f"{path}: missing"
+    count = 0
+    try:
+        for _ in iter_records([str(path)], on_error="raise"):
+            count += 1
+    except CorpusError as err:
+        return str(err)
+    except Exception as err:  # a parquet file cut short fails inside pyarrow: name the file, not the trace
+        return f"{path}: unreadable after row {count} ({type(err).__name__}: {err})"
+    if rows is not None and count != rows:
+        return f"{path}: {count} rows, the manifest recorded {rows} (truncated?)"
+    return None
+
+
+def _check_shards(out: Path, manifest: dict) -> None:
+    """Read every finished shard back; a bad one is reported (a warning naming file and row), its
+    files deleted and its prompts taken off the done list, so this run writes them again."""
+    import warnings
+
+    owners = manifest.get("shard_prompts")
+    rows = manifest.get("rows", {})
+    for index, names in enumerate(manifest["shards"]):
+        problems = [q for q in (_shard_problem(out / n, rows.get(n)) for n in names) if q]
+        if not problems:
+            continue
+        if owners is None:  # a manifest from before shards recorded their prompts
+            raise CorpusError(
+                f"{problems[0]}; this corpus's manifest does not say which prompts that shard holds: delete "
+                f"{out} (or the bad shard and {out / MANIFEST}) and generate again"
+            )
+        warnings.warn(
+            f"corpus shard {index} is damaged ({problems[0]}); regenerating its prompts", stacklevel=3
+        )
+        for n in names:
+            (out / n).unlink(missing_ok=True)
+            rows.pop(n, None)
+        redo = set(owners[index])
+        manifest["done"] = [i for i in manifest["done"] if i not in redo]
+        manifest["shards"][index], owners[index] = [], []
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -89,10 +136,9 @@ def _atomic_write(path: Path, write) -> None:
 
 def _write_records(path: Path, records: list[dict], fmt: str) -> None:
     if fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        from datasets import Dataset
 
-        _atomic_write(path, lambda tmp: pq.write_table(pa.Table.from_pylist(records), tmp))
+        _atomic_write(path, lambda tmp: Dataset.from_list(records).to_parquet(str(tmp)))
     else:
 
         def write(tmp):
@@ -166,6 +212,8 @@ def generate_corpus(
         seed=seed,
     )
     manifest = _read_manifest(out, config)
+    _check_shards(out, manifest)
+    manifest.setdefault("rows", {})  # (a manifest from before rows were recorded: counted from now on)
     done = set(manifest["done"])
     todo = [p for p in prompts if p["id"] not in done]
     pad = 0 if eos_token_id is None else (eos_token_id if isinstance(eos_token_id, int) else eos_token_id[0])
@@ -216,7 +264,10 @@ def generate_corpus(
                 path = out / f"{name}-{index:05d}.{fmt}"
                 _write_records(path, records, fmt)
                 names.append(path.name)
+                manifest["rows"][path.name] = len(records)
         manifest["shards"].append(names)
+        if "shard_prompts" in manifest:  # (absent in a manifest from before shards recorded their prompts)
+            manifest["shard_prompts"].append([p["id"] for p in shard_prompts])
         manifest["done"] += [p["id"] for p in shard_prompts]
         _atomic_write(out / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest)))
     bar.close()
