@@ -38,7 +38,32 @@ class SpecDiffTrainer(L.Trainer):
             val_fraction: share of prompts (by id) written to ``val-*`` shards.
             tokenizer: the verifier's tokenizer (a named verifier, directory or hub id), needed for
                 text prompts.
+
+        Under a multi-process strategy (``--trainer.strategy ddp --trainer.devices N``) each rank
+        writes the prompts that hash to it, into its own shards and manifest.
         """
+        kwargs = dict(
+            prompts=prompts,
+            output_dir=output_dir,
+            num_continuations=num_continuations,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            prompts_per_shard=prompts_per_shard,
+            temperature=temperature,
+            format=format,
+            val_fraction=val_fraction,
+            tokenizer=tokenizer,
+            seed=seed,
+        )
+        launcher = self.strategy.launcher
+        if launcher is not None:  # DDP: the strategy starts the ranks, as fit does
+            self.strategy.connect(model)
+            launcher.launch(self._generate_corpus_rank, model, trainer=self, **kwargs)
+        else:
+            self._generate_corpus_rank(model, **kwargs)
+
+    def _generate_corpus_rank(self, model, *, prompts, output_dir, tokenizer, format, **options) -> None:
+        self.strategy.setup_environment()  # the process group and this process's rank
         tok = None
         if tokenizer is not None:
             from .models.loading import load_tokenizer
@@ -57,19 +82,17 @@ class SpecDiffTrainer(L.Trainer):
                 verifier,
                 load_prompts(prompts, tok),
                 output_dir,
-                num_continuations=num_continuations,
-                max_new_tokens=max_new_tokens,
-                batch_size=batch_size,
-                prompts_per_shard=prompts_per_shard,
-                temperature=temperature,
+                **options,
                 fmt=format,
-                val_fraction=val_fraction,
-                seed=seed,
                 eos_token_id=eos,
                 tokenizer=tok,
-                progress=self.progress_bar_callback is not None,
+                progress=self.progress_bar_callback is not None and self.is_global_zero,
+                rank=self.global_rank,
+                world_size=self.world_size,
             )
-        print(f"corpus written to {out}")
+        self.strategy.barrier("generate_corpus")
+        if self.is_global_zero:
+            print(f"corpus written to {out}")
 
     def bench(
         self,

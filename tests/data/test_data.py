@@ -294,3 +294,62 @@ def test_a_damaged_shard_is_reported_and_regenerated_without_duplicates(tmp_path
     assert not shard.exists()  # the damaged shard went; its prompts live in a new one
     generate_corpus(verifier, prompts, out, **kwargs)  # a clean rerun changes nothing
     assert sorted(r["id"] for r in iter_records(sorted(str(p) for p in out.glob(f"*.{fmt}")))) == sorted(ids)
+
+
+def test_ranks_write_disjoint_shares_of_the_prompts_each_resumable(tmp_path):
+    verifier = tiny_model("qwen2", vocab_size=32, seed=0)
+    prompts = [{"id": f"p{i}", "prompt_ids": [1 + i % 5, 2, 3]} for i in range(12)]
+    kwargs = dict(num_continuations=1, max_new_tokens=4, batch_size=4, prompts_per_shard=3, progress=False)
+    out = tmp_path / "c"
+    for rank in (0, 1):
+        generate_corpus(verifier, prompts, out, rank=rank, world_size=2, **kwargs)
+    assert sorted(p.name for p in out.glob("manifest*")) == ["manifest-r0of2.json", "manifest-r1of2.json"]
+    shares = [
+        {r["id"] for r in iter_records(sorted(str(p) for p in out.glob(f"train-r{rank}of2-*.jsonl")))}
+        for rank in (0, 1)
+    ]
+    assert shares[0] and shares[1] and not shares[0] & shares[1]
+    assert shares[0] | shares[1] == {f"p{i}#0" for i in range(12)}
+    before = sorted(p.name for p in out.iterdir())
+    generate_corpus(verifier, prompts, out, rank=1, world_size=2, **kwargs)  # a finished rank: nothing to do
+    assert sorted(p.name for p in out.iterdir()) == before
+    with pytest.raises(ValueError, match="rank must be in"):
+        generate_corpus(verifier, prompts, out, rank=2, world_size=2, **kwargs)
+
+
+@pytest.mark.slow
+def test_generate_corpus_under_ddp_writes_one_share_per_rank(tmp_path):
+    """Two DDP processes (CPU, spawned by Lightning's strategy as fit would be) split the prompts."""
+    import torch.multiprocessing
+
+    # the tensors go to the ranks through files: this sandbox's /dev/shm cannot hold them
+    previous = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    from specdiff_lightning.trainer import SpecDiffTrainer
+    from specdiff_lightning.training.dflash import DFlashDrafterTraining
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"id": f"p{i}", "prompt_ids": [1 + i, 2, 3]}) + "\n" for i in range(8))
+    )
+    module = DFlashDrafterTraining(
+        verifier="tiny-llama", num_layers=1, target_layer_ids=(0, 1), block_size=5, mask_token_id=63
+    )
+    trainer = SpecDiffTrainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        logger=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    try:
+        trainer.generate_corpus(
+            module, str(prompts), str(tmp_path / "c"), num_continuations=1, max_new_tokens=4
+        )
+    finally:
+        torch.multiprocessing.set_sharing_strategy(previous)
+    out = tmp_path / "c"
+    assert sorted(p.name for p in out.glob("manifest*")) == ["manifest-r0of2.json", "manifest-r1of2.json"]
+    ids = [r["id"] for r in iter_records(sorted(str(p) for p in out.glob("train-*.jsonl")))]
+    assert sorted(ids) == sorted(f"p{i}#0" for i in range(8))

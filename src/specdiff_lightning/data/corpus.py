@@ -70,8 +70,8 @@ def load_prompts(path: str | os.PathLike, tokenizer=None) -> list[dict]:
     return prompts
 
 
-def _read_manifest(out: Path, config: dict) -> dict:
-    path = out / MANIFEST
+def _read_manifest(path: Path, config: dict) -> dict:
+    out = path.parent
     if not path.exists():
         return {"config": config, "done": [], "shards": [], "shard_prompts": [], "rows": {}}
     manifest = json.loads(path.read_text())
@@ -181,6 +181,8 @@ def generate_corpus(
     eos_token_id: int | list[int] | None = None,
     tokenizer=None,
     progress: bool = True,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> Path:
     """Sample ``num_continuations`` verifier continuations per prompt (temperature 0: its one greedy
     answer) and write shards. ``batch_size`` prompts share each verifier forward, left-padded: on a
@@ -189,7 +191,13 @@ def generate_corpus(
 
     Writes ``train-NNNNN.<fmt>`` (and ``val-NNNNN.<fmt>`` for ``ceil(val_fraction * N)`` prompts,
     chosen by id hash) plus ``manifest.json``. Returns the output directory.
+
+    ``rank`` of ``world_size`` (DDP ranks, ``SpecDiffTrainer.generate_corpus``): this process takes
+    the prompts whose id hashes to its rank and writes ``train-r<rank>of<W>-NNNNN.<fmt>`` with its
+    own manifest, so ranks never write the same file and each resumes on its own.
     """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     if fmt not in ("jsonl", "parquet"):
         raise ValueError(f"fmt must be 'jsonl' or 'parquet', got {fmt!r}")
     if num_continuations < 1 or max_new_tokens < 1 or batch_size < 1 or prompts_per_shard < 1:
@@ -211,11 +219,18 @@ def generate_corpus(
         val_fraction=val_fraction,
         seed=seed,
     )
-    manifest = _read_manifest(out, config)
+    part = "" if world_size == 1 else f"r{rank}of{world_size}-"
+    manifest_path = out / (MANIFEST if world_size == 1 else f"manifest-{part.rstrip('-')}.json")
+    manifest = _read_manifest(manifest_path, config)
     _check_shards(out, manifest)
     manifest.setdefault("rows", {})  # (a manifest from before rows were recorded: counted from now on)
     done = set(manifest["done"])
-    todo = [p for p in prompts if p["id"] not in done]
+    mine = (
+        prompts
+        if world_size == 1
+        else [p for p in prompts if zlib.crc32(p["id"].encode()) % world_size == rank]
+    )
+    todo = [p for p in mine if p["id"] not in done]
     pad = 0 if eos_token_id is None else (eos_token_id if isinstance(eos_token_id, int) else eos_token_id[0])
     vocab = int(verifier.config.vocab_size)
     bad = [p["id"] for p in todo if max(p["prompt_ids"]) >= vocab]
@@ -229,8 +244,8 @@ def generate_corpus(
     ranked = sorted(prompts, key=lambda p: (zlib.crc32(p["id"].encode()), p["id"]))
     val_ids = {p["id"] for p in ranked[: math.ceil(val_fraction * len(prompts))]}
     bar = tqdm(
-        total=len(prompts),
-        initial=len(prompts) - len(todo),
+        total=len(mine),
+        initial=len(mine) - len(todo),
         desc="generate-corpus",
         unit="prompt",
         disable=not progress,
@@ -238,7 +253,8 @@ def generate_corpus(
     for start in range(0, len(todo), prompts_per_shard):
         shard_prompts = todo[start : start + prompts_per_shard]
         index = len(manifest["shards"])
-        torch.manual_seed(seed * 1_000_003 + index)  # a resumed run samples each shard as a fresh one would
+        # a resumed run samples each shard as a fresh one would; ranks draw apart
+        torch.manual_seed((seed * 1_000_003 + index) * world_size + rank)
         split = {"train": [], "val": []}
         for b in range(0, len(shard_prompts), batch_size):
             batch = shard_prompts[b : b + batch_size]
@@ -261,7 +277,7 @@ def generate_corpus(
         names = []
         for name, records in split.items():
             if records:
-                path = out / f"{name}-{index:05d}.{fmt}"
+                path = out / f"{name}-{part}{index:05d}.{fmt}"
                 _write_records(path, records, fmt)
                 names.append(path.name)
                 manifest["rows"][path.name] = len(records)
@@ -269,6 +285,6 @@ def generate_corpus(
         if "shard_prompts" in manifest:  # (absent in a manifest from before shards recorded their prompts)
             manifest["shard_prompts"].append([p["id"] for p in shard_prompts])
         manifest["done"] += [p["id"] for p in shard_prompts]
-        _atomic_write(out / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest)))
+        _atomic_write(manifest_path, lambda tmp: tmp.write_text(json.dumps(manifest)))
     bar.close()
     return out
