@@ -127,6 +127,27 @@ def test_float32_greedy_decoding_and_a_second_sequence():
         assert torch.equal(out.sequences, reference_greedy(verifier, ids, 16))
 
 
+def test_a_head_over_the_first_ids_drafts_only_those_and_stays_lossless(tmp_path):
+    verifier = _verifier()
+    full = _drafter(verifier)
+    full.save_pretrained(tmp_path / "d")
+    small = DFlashDrafter.from_pretrained(tmp_path / "d", verifier=verifier, head_vocab=20)
+    ids = torch.randint(0, VOCAB - 1, (1, 6), generator=torch.Generator().manual_seed(4))
+    full.observe(_features(verifier, ids[:, :-1], full.feature_layers)[0])
+    small.observe(_features(verifier, ids[:, :-1], small.feature_layers)[0])
+    with torch.no_grad():
+        a, b = full.block_logits(ids), small.block_logits(ids)
+    torch.testing.assert_close(b[..., :20], a[..., :20], rtol=1e-9, atol=1e-9)
+    assert torch.isinf(b[..., 20:]).all()
+    small.reset()
+    # tree=None: the drafter's own drafts (an auto tree may add copies of the context's tokens)
+    out = speculative_generate(verifier, small, ids, max_new_tokens=16, gamma=4, temperature=0, tree=None)
+    assert torch.equal(out.sequences, reference_greedy(verifier, ids, 16))
+    assert all(t < 20 for r in out.stats.rounds for t in r.draft)
+    with pytest.raises(ValueError, match="head_vocab=0 must lie in"):
+        DFlashDrafter(full.model, verifier, head_vocab=0)
+
+
 def test_drafts_stop_at_the_block_when_gamma_is_larger():
     """A block of 4 drafts 3 tokens; standard acceptance over the drafts as drawn stays exact."""
     verifier = _verifier()

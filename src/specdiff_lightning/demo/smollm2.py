@@ -108,6 +108,7 @@ def load_smollm2_pair(
     import torch
 
     from ..models.conditioned import CONDITIONED_KIND
+    from ..models.dflash_format import dflash_layout
     from ..models.kinds import slice_kind
     from ..models.loading import load_drafter, load_verifier
 
@@ -117,9 +118,13 @@ def load_smollm2_pair(
         path = assets / folder
         if not path.exists():
             continue
-        # every shipped kind through the one loader; the options configure the conditioned drafter
-        conditioned = slice_kind(path) == CONDITIONED_KIND
-        options = {"head_vocab": head_vocab, "cache_window": cache_window} if conditioned else {}
+        # every shipped kind through the one loader; the options configure the drafters that read
+        # the verifier's features (the DFlash one keeps its whole context: its cache is exact)
+        options = {}
+        if dflash_layout(path) is not None:
+            options = {"head_vocab": head_vocab}
+        elif slice_kind(path) == CONDITIONED_KIND:
+            options = {"head_vocab": head_vocab, "cache_window": cache_window}
         drafters[name] = load_drafter(str(path), verifier=verifier, **options)
     return verifier, drafters
 

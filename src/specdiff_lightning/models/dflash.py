@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..decoding.drafting import Drafter, Proposal, derived_generator, sample_from_marginals
+from ..decoding.drafting import Drafter, Proposal, derived_generator, head_logits, sample_from_marginals
 
 __all__ = ["DFlashDrafter", "DFLASH_KIND"]
 
@@ -80,9 +80,12 @@ class DFlashDrafter(Drafter):
             ``target_layer_ids``).
         verifier: the HF causal LM it drafts for; its input embeddings and output head are used
             (references, never copied or saved), so they stay in the verifier's dtype and device.
+        head_vocab: when decoding, compute the head for ids ``[0, head_vocab)`` only
+            (:func:`~specdiff_lightning.decoding.drafting.head_logits`); the drafter never proposes
+            the others. None: the whole vocabulary. Training forwards always use the whole head.
     """
 
-    def __init__(self, model: nn.Module, verifier: nn.Module) -> None:
+    def __init__(self, model: nn.Module, verifier: nn.Module, head_vocab: int | None = None) -> None:
         from transformers import MuseGlimmerAssistantModel
 
         if not isinstance(model, MuseGlimmerAssistantModel):
@@ -101,6 +104,9 @@ class DFlashDrafter(Drafter):
         self.block_size = int(config.block_size)
         self.mask_token_id = int(config.mask_token_id)
         self.vocab_size = int(self.head.weight.shape[0])
+        if head_vocab is not None and not 1 <= int(head_vocab) <= self.vocab_size:
+            raise ValueError(f"head_vocab={head_vocab} must lie in [1, {self.vocab_size}] (the vocabulary)")
+        self.head_vocab = None if head_vocab is None else int(head_vocab)
         self.reset()
 
     # ------------------------------------------------------------------ building / loading / saving
@@ -132,13 +138,14 @@ class DFlashDrafter(Drafter):
         *,
         verifier: nn.Module,
         dtype: torch.dtype | str | None = None,
+        head_vocab: int | None = None,
     ) -> DFlashDrafter:
         """A DFlash checkpoint (a directory, or a hub id in the local hub cache) in transformers' or
         z-lab's layout, around ``verifier``.
 
         Never runs checkpoint code: an ``auto_map`` is ignored (a warning says so) and the weights
         go into the stock class. Args: ``dtype``: None / ``"auto"``: the verifier's; the drafter
-        lives on the verifier's embedding device.
+        lives on the verifier's embedding device. ``head_vocab``: see the class.
         """
         from transformers import MuseGlimmerAssistantModel
         from transformers.initialization import no_init_weights
@@ -182,7 +189,7 @@ class DFlashDrafter(Drafter):
                     f"{tuple(expected[name].shape)}; the config and weights disagree"
                 )
         model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True)
-        return cls(model.to(verifier.get_input_embeddings().weight.device), verifier)
+        return cls(model.to(verifier.get_input_embeddings().weight.device), verifier, head_vocab)
 
     def save_pretrained(self, path: str | os.PathLike, layout: str = "hf") -> None:
         """Write the drafter (never the verifier's embeddings or head) in ``layout``: ``"hf"``
@@ -248,9 +255,8 @@ class DFlashDrafter(Drafter):
         self._cache.crop(-self.block_size)  # keep the context only: the block is redrawn every round
         self._past += new
         self._inbox = []
-        # A fresh 2-D copy: the bf16 CPU head on an offset view is ~18x slower (see DiffusionDrafter).
-        rows = hidden[0, 1:].to(self.head.weight.device, self.head.weight.dtype).clone()
-        return self.head(rows)[None]
+        rows = hidden[0, 1:].to(self.head.weight.device, self.head.weight.dtype)
+        return head_logits(self.head, rows, self.head_vocab)[None]
 
     def blocks_logits(
         self, features: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, gamma: int | None = None
@@ -304,8 +310,8 @@ class DFlashDrafter(Drafter):
             use_cache=False,
         ).last_hidden_state
         rows = hidden.view(batch, m, size, -1)[:, :, 1 : 1 + gamma]
-        rows = rows.reshape(-1, rows.shape[-1]).to(self.head.weight.device, self.head.weight.dtype).clone()
-        return self.head(rows).view(batch, m, gamma, -1)
+        rows = rows.to(self.head.weight.device, self.head.weight.dtype)
+        return head_logits(self.head, rows).view(batch, m, gamma, -1)
 
     @torch.no_grad()
     def propose(

@@ -173,7 +173,8 @@ def load_drafter(
             ``"conditioned"``, ``"dflash"``); a checkpoint of another kind is a clear error.
         steps, max_prefix_tokens, mask_token_id, shift_logits: diffusion drafters' options.
         head_vocab, block, cache_window: a conditioned drafter's decoding options
-            (:class:`~specdiff_lightning.models.conditioned.ConditionedDrafter`).
+            (:class:`~specdiff_lightning.models.conditioned.ConditionedDrafter`); ``head_vocab``
+            applies to a DFlash drafter too.
         dtype: the model's dtype; a slice takes its verifier's (another one is an error).
         model_kwargs: ``from_pretrained`` kwargs of a checkpoint (``device_map``, ``revision``...);
             for a diffusion slice only ``attention`` / ``prefix_cache``.
@@ -191,14 +192,14 @@ def load_drafter(
             f"unknown drafter kind {kind!r}; choose 'auto' or one of {sorted([*DRAFTER_KINDS, DFLASH_KIND])}"
         )
     if kind in ("auto", DFLASH_KIND) and not spec.startswith(TINY_PREFIX) and dflash_layout(spec) is not None:
-        given = sorted({**diffusion, **conditioned, **model_kwargs}) + (
-            ["family"] if family != "auto" else []
-        )
+        given = sorted(
+            {**diffusion, **{k: v for k, v in conditioned.items() if k != "head_vocab"}, **model_kwargs}
+        ) + (["family"] if family != "auto" else [])
         if given or tiny is not None:
             raise ValueError(
                 f"{spec} is a DFlash drafter, which names its own settings (config.json); drop {given or ['tiny']}"
             )
-        return DFlashDrafter.from_pretrained(spec, verifier=verifier, dtype=dtype)
+        return DFlashDrafter.from_pretrained(spec, verifier=verifier, dtype=dtype, head_vocab=head_vocab)
     if kind == DFLASH_KIND:
         raise ValueError(
             f"{spec} is not a DFlash drafter (a directory whose config.json is transformers' "
