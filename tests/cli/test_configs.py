@@ -55,10 +55,12 @@ def _shrink(config: dict) -> dict:
         init["verifier"] = f"tiny-{_arch(init.get('verifier', 'tiny-qwen2'))}"
         init["drafter"] = f"tiny-{_arch(init.get('drafter', 'tiny-qwen2') + init.get('verifier', ''))}"
         init["tokenizer"] = init["drafter_tokenizer"] = None
-    elif cls.endswith(("SliceDrafterTraining", "ConditionedDrafterTraining")):  # cut from a tiny verifier
-        init["verifier"] = "tiny-llama"
+    elif cls.endswith(("SliceDrafterTraining", "ConditionedDrafterTraining", "DFlashDrafterTraining")):
+        init["verifier"] = "tiny-llama"  # cut from (or reading) a tiny verifier
         for key in ("init_from", "init_layers_from", "export_dir"):
             init.pop(key, None)
+        if "target_layer_ids" in init:  # the tiny verifier's depth
+            init.update(target_layer_ids=[0, 1], num_layers=1)
     else:  # pretraining modules: the shipped tokenizer, a new small model
         init["tokenizer"] = TOKENIZER
         init.pop("init_from", None)
