@@ -33,6 +33,7 @@ def test_fit_export_reload_and_decode_losslessly(tmp_path, objective):
     state = " ".join(module.state_dict())
     assert "embed_tokens" not in state and "lm_head" not in state and "verifier" not in state
     assert (export / "config.json").is_file() and (export / "model.safetensors").is_file()
+    assert all(f.stat().st_mode & 0o777 == 0o644 for f in export.iterdir())  # readable by others
 
     verifier = load_verifier("tiny-llama", dtype=torch.float32)
     for drafter in (

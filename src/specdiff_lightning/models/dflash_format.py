@@ -277,6 +277,11 @@ def write_dflash(model: nn.Module, path: str | os.PathLike, layout: str, num_tar
     path = Path(path)
     if layout == "hf":
         model.save_pretrained(path)
+        # transformers writes its weights through a private temporary file (mode 0600): an export is
+        # read by others (a serving user, a shared cache), as the slices' exports are
+        for f in path.iterdir():
+            if f.is_file():
+                f.chmod(0o644)
         return
     path.mkdir(parents=True, exist_ok=True)
     inverse = {stock: zlab for zlab, stock in ZLAB_RENAMES.items()}
