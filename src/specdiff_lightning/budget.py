@@ -111,7 +111,11 @@ def run_budget_eval(
                     )
                     # (at least budget seconds passed: a decode flagged here was at least this slow)
                     warn_if_slower_than_plain(
-                        out.stats.new_tokens / budget, verifier, ids.shape[1], out.stats.mean_accepted
+                        out.stats.new_tokens / budget,
+                        verifier,
+                        ids.shape[1],
+                        out.stats.mean_accepted,
+                        tree_auto=think_cfg.tree == "auto",
                     )
                 thinking = out.sequences[:, ids.shape[1] :]
                 thought += thinking.shape[1]

@@ -1,13 +1,28 @@
-"""Where the project keeps what it computes once per machine (imports nothing heavy)."""
+"""Where the project keeps what it computes once per machine, and the modes of what it writes for
+users (imports nothing heavy)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-__all__ = ["cache_root"]
+__all__ = ["cache_root", "give_user_modes"]
 
 
 def cache_root() -> Path:
     """``$SPECDIFF_CACHE`` or ``~/.cache/specdiff_lightning``: converted models, calibrations."""
     return Path(os.environ.get("SPECDIFF_CACHE", Path.home() / ".cache" / "specdiff_lightning"))
+
+
+def give_user_modes(path: str | os.PathLike) -> None:
+    """Give an export directory and the files in it the modes of the user's umask (0755 / 0644 at
+    022), as any file the user writes has: ``mkdtemp`` makes private directories (0700), and
+    transformers / safetensors write weights through private temporary files (0600), which another
+    user (a serving process, a shared cache) cannot read."""
+    umask = os.umask(0o022)  # os.umask can only be read by setting it: set it straight back
+    os.umask(umask)
+    path = Path(path)
+    os.chmod(path, 0o777 & ~umask)
+    for f in path.iterdir():
+        if f.is_file():
+            os.chmod(f, 0o666 & ~umask)

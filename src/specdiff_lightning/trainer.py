@@ -64,11 +64,9 @@ class SpecDiffTrainer(L.Trainer):
 
     def _generate_corpus_rank(self, model, *, prompts, output_dir, tokenizer, format, **options) -> None:
         self.strategy.setup_environment()  # the process group and this process's rank
-        tok = None
-        if tokenizer is not None:
-            from .models.loading import load_tokenizer
+        from .models.loading import load_tokenizer
 
-            tok = load_tokenizer(tokenizer)
+        tok = load_tokenizer(tokenizer) if tokenizer is not None else _verifier_tokenizer(model)
         verifier = getattr(model, "verifier", None)
         if verifier is None:
             raise ValueError(
@@ -302,3 +300,18 @@ def _load_drafter_weights(model: L.LightningModule, ckpt_path: str | None) -> No
             f"{ckpt_path} does not match this model (unexpected keys {missing[:3]}); same drafter config?"
         )
     model.load_state_dict(state, strict=False)
+
+
+def _verifier_tokenizer(model: L.LightningModule):
+    """The tokenizer of the model's verifier spec (``model.hparams.verifier``), for text prompts when
+    ``--tokenizer`` is not given: a named verifier or a checkpoint directory has one. None where the
+    spec has none (a tiny preset, a module built from a model object)."""
+    from .models.loading import load_tokenizer
+
+    spec = getattr(model, "hparams", {}).get("verifier")
+    if not isinstance(spec, str):
+        return None
+    try:
+        return load_tokenizer(spec)
+    except (OSError, ValueError):  # no tokenizer there: prompts must then come as prompt_ids
+        return None

@@ -82,7 +82,12 @@ def test_subcommand_help_speaks_the_tables_words(capsys):
         assert out.startswith(f"usage: python -m specdiff_lightning {name} [--config CONFIG]")
         assert "".join(find_command(name).summary.split()) in flat
         assert f"{name}arguments:" in flat and "Usefulto" not in flat
-        for module in ("DrafterDistillation", "SliceDrafterTraining", "ConditionedDrafterTraining"):
+        for module in (
+            "DrafterDistillation",
+            "SliceDrafterTraining",
+            "ConditionedDrafterTraining",
+            "DFlashDrafterTraining",
+        ):
             assert module in flat
         assert "SequenceDataModule" in flat and "SharedEmbeddingDrafterTraining" not in flat
         if name == "export":

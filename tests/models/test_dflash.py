@@ -196,6 +196,7 @@ def test_layouts_round_trip_bitwise(tmp_path, layout):
     verifier = _verifier()
     drafter = _drafter(verifier)
     drafter.save_pretrained(tmp_path / "a", layout=layout)
+    assert all(f.stat().st_mode & 0o077 == 0o044 for f in (tmp_path / "a").iterdir())  # readable by others
     again = DFlashDrafter.from_pretrained(tmp_path / "a", verifier=verifier)
     original, loaded = _tensors(drafter), _tensors(again)
     assert original.keys() == loaded.keys()

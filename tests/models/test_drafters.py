@@ -1,5 +1,6 @@
 import importlib
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -164,12 +165,20 @@ def test_diffullama_style_checkpoint_roundtrip(tmp_path):
     )
 
 
+def _umask() -> int:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_save_pretrained_roundtrip_keeps_settings(tmp_path, arch):
     original = DiffusionDrafter(
         tiny_model(arch, vocab_size=V, seed=9, dtype=torch.float64), MASK, False, max_prefix_tokens=16
     )
     original.save_pretrained(tmp_path / "d")
+    # readable by others (transformers writes its weights 0600): the umask's modes, 0644 at 022
+    assert {f.stat().st_mode & 0o777 for f in (tmp_path / "d").iterdir()} == {0o666 & ~_umask()}
     settings = json.loads((tmp_path / "d" / SIDECAR_FILE).read_text())
     assert settings["mask_token_id"] == MASK and settings["shift_logits"] is False
     reloaded = DiffusionDrafter.from_pretrained(tmp_path / "d", dtype=torch.float64)

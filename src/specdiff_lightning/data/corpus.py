@@ -54,7 +54,10 @@ def load_prompts(path: str | os.PathLike, tokenizer=None) -> list[dict]:
             ids = record["prompt_ids"]
         else:
             if tokenizer is None:
-                raise CorpusError(f"{where}: text prompts need a tokenizer (pass --tokenizer <path>)")
+                raise CorpusError(
+                    f"{where}: text prompts need a tokenizer and none was found: pass --tokenizer "
+                    f"<a verifier name or directory>, or give the prompts as prompt_ids"
+                )
             ids = encode_prompt(tokenizer, record["prompt"])
             if not ids:
                 raise CorpusError(f"{where}: empty prompt")

@@ -53,7 +53,10 @@ def expand_files(data_files: str | list[str]) -> list[str]:
         elif path.is_file():
             files.append(str(path))
         else:
-            raise CorpusError(f"corpus file {pattern!r} does not exist")
+            raise CorpusError(
+                f"corpus file {pattern!r} does not exist; write it first (`generate-corpus`, or the "
+                f"command in the recipe's header) or point the data module's files at an existing corpus"
+            )
     unknown = [f for f in files if Path(f).suffix not in SUFFIXES]
     if unknown:
         raise CorpusError(f"unsupported corpus file type: {unknown[:3]}; use one of {sorted(SUFFIXES)}")

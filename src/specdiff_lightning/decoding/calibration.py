@@ -326,17 +326,26 @@ class SlowerThanPlainWarning(UserWarning):
 
 
 def slower_than_plain(
-    tokens_per_s: float, verifier: nn.Module, context: int, mean_accepted: float | None = None
+    tokens_per_s: float,
+    verifier: nn.Module,
+    context: int,
+    mean_accepted: float | None = None,
+    *,
+    plain_tokens_per_s: float | None = None,
+    tree_auto: bool = False,
 ) -> str | None:
     """A sentence saying by how much a decode at ``tokens_per_s`` (around ``context`` tokens) was
-    slower than plain decoding's calibrated speed here, and the likely cause; None when it was not.
+    slower than plain decoding here, and the likely cause; None when it was not.
 
-    The calibrated plain speed is one token per measured one-token step; the cost model is measured
-    on first use (:func:`cost_model_for`)."""
+    Plain decoding's speed is ``plain_tokens_per_s`` where the run measured it on the same prompt
+    (a busy machine slows both alike), else the calibrated one: one token per measured one-token
+    step (the cost model is measured on first use, :func:`cost_model_for`). ``tree_auto``: the
+    decode already sized its rounds for this machine, so the advice is not to turn that on."""
     if not tokens_per_s or tokens_per_s != tokens_per_s:  # 0 or NaN: nothing measured
         return None
     cost = cost_model_for(verifier)
-    plain = 1e3 / cost.step_cost(context)
+    measured = bool(plain_tokens_per_s) and plain_tokens_per_s == plain_tokens_per_s
+    plain = plain_tokens_per_s if measured else 1e3 / cost.step_cost(context)
     if tokens_per_s >= plain:
         return None
     rel = cost.relative(context)
@@ -348,17 +357,29 @@ def slower_than_plain(
         )
     else:
         cause = f"multi-token forwards are costly here (8 tokens: {tree:.2f} steps; {cost.key.get('dtype')})"
+    against = "plain decoding of the same prompt" if measured else "plain decoding's calibrated"
+    advice = (
+        "tree='auto' already falls back to plain decoding where nothing pays: a better-trained drafter, "
+        "or decoding without one, is what helps"
+        if tree_auto
+        else "use tree='auto' (the default) and dtype='auto', or decode without a drafter"
+    )
     return (
         f"speculative decoding ran at {tokens_per_s:.1f} tok/s, {plain / tokens_per_s:.2f}x slower than "
-        f"plain decoding's calibrated {plain:.1f} tok/s on this machine; likely cause: {cause}. "
-        f"Use tree='auto' (the default), dtype='auto', or decode without a drafter"
+        f"{against} {plain:.1f} tok/s on this machine; likely cause: {cause}; {advice}"
     )
 
 
 def warn_if_slower_than_plain(
-    tokens_per_s: float, verifier: nn.Module, context: int, mean_accepted: float | None = None
-) -> None:
-    """:func:`slower_than_plain` as a :class:`SlowerThanPlainWarning` (shown once per call site)."""
-    message = slower_than_plain(tokens_per_s, verifier, context, mean_accepted)
+    tokens_per_s: float,
+    verifier: nn.Module,
+    context: int,
+    mean_accepted: float | None = None,
+    **options,
+) -> bool:
+    """:func:`slower_than_plain` (``options``: its keywords) as a :class:`SlowerThanPlainWarning`;
+    whether it warned (a caller warns once per run)."""
+    message = slower_than_plain(tokens_per_s, verifier, context, mean_accepted, **options)
     if message is not None:
         warnings.warn(message, SlowerThanPlainWarning, stacklevel=3)
+    return message is not None

@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..paths import give_user_modes
+
 __all__ = [
     "LAYOUTS",
     "ZLAB_RENAMES",
@@ -277,11 +279,7 @@ def write_dflash(model: nn.Module, path: str | os.PathLike, layout: str, num_tar
     path = Path(path)
     if layout == "hf":
         model.save_pretrained(path)
-        # transformers writes its weights through a private temporary file (mode 0600): an export is
-        # read by others (a serving user, a shared cache), as the slices' exports are
-        for f in path.iterdir():
-            if f.is_file():
-                f.chmod(0o644)
+        give_user_modes(path)  # transformers writes its weights 0600
         return
     path.mkdir(parents=True, exist_ok=True)
     inverse = {stock: zlab for zlab, stock in ZLAB_RENAMES.items()}
@@ -290,6 +288,7 @@ def write_dflash(model: nn.Module, path: str | os.PathLike, layout: str, num_tar
     config = _zlab_config(model.config, num_target_layers, dtype)
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     save_file(state, path / _WEIGHTS, metadata={"format": "pt"})
+    give_user_modes(path)
 
 
 def _single_id(config, name: str) -> int | None:

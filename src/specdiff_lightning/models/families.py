@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ..paths import give_user_modes
+
 __all__ = [
     "DrafterFamily",
     "DRAFTER_FAMILIES",
@@ -312,3 +314,4 @@ def save_drafter_model(model: nn.Module, path: str | os.PathLike, settings: dict
     model.save_pretrained(path, **kwargs)
     with open(os.path.join(os.fspath(path), SIDECAR_FILE), "w") as f:
         json.dump(settings, f, indent=2)
+    give_user_modes(path)  # transformers writes its weights 0600: an export is read by others

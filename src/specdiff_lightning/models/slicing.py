@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..paths import give_user_modes
+
 __all__ = [
     "slice_causal_lm",
     "save_slice",
@@ -114,12 +116,7 @@ def save_slice(
     try:
         save_file(state, tmp / _WEIGHTS)
         (tmp / SLICE_FILE).write_text(json.dumps(info, indent=2))
-        # mkdtemp makes a private directory (0700) and safetensors private files (0600); an export is
-        # shared like any other file the user writes: the modes of the user's umask (0755 / 0644 at 022).
-        umask = _umask()
-        os.chmod(tmp, 0o777 & ~umask)
-        for name in (_WEIGHTS, SLICE_FILE):
-            os.chmod(tmp / name, 0o666 & ~umask)
+        give_user_modes(tmp)  # mkdtemp's directory is private (0700)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -127,13 +124,6 @@ def save_slice(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def _umask() -> int:
-    # os.umask can only be read by setting it; set it straight back
-    current = os.umask(0o022)
-    os.umask(current)
-    return current
 
 
 def is_slice(path: str | os.PathLike) -> bool:
