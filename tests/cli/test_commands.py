@@ -101,6 +101,39 @@ def test_resumed_fit_exports_where_the_command_line_says(tmp_path, monkeypatch, 
     ]
 
 
+def test_a_logged_fit_takes_a_model_seed_and_a_data_order_of_its_own(tmp_path, monkeypatch):
+    """With a logger (the DFlash recipe's CSVLogger) Lightning merges the model's and the data
+    module's hyper-parameters, and a `seed` in both with different values was a deep RuntimeError;
+    the data modules' seed is `shuffle_seed`."""
+    monkeypatch.chdir(tmp_path)
+    corpus = random_sequence_corpus(tmp_path / "corpus.jsonl", n=16)
+    args = [*_tiny_slice_recipe(CONFIGS / "smollm2" / "drafter_dflash.yaml"), "--model.init_args.seed", "3"]
+    args += [
+        "--model.init_args.block_size",
+        "4",
+        "--model.init_args.blocks",
+        "2",
+        "--model.init_args.mask_token_id",
+    ]
+    args += ["63", "--data.init_args.data_files", str(corpus), "--data.init_args.shuffle_seed", "5"]
+    args += [
+        "--data.init_args.batch_size",
+        "4",
+        "--data.init_args.max_length",
+        "32",
+        "--trainer.max_steps",
+        "1",
+    ]
+    args += ["--trainer.precision", "32-true", "--trainer.limit_val_batches", "1"]
+    args += ["--trainer.default_root_dir", str(tmp_path / "root"), "--model.init_args.export_dir", "drafter"]
+    args += ["--trainer.logger.init_args.save_dir", str(tmp_path / "root"), *QUIET]
+    assert main(["fit", *args]) == 0
+    (hparams,) = (tmp_path / "root").glob("logs/version_*/hparams.yaml")
+    logged = hparams.read_text()
+    assert "seed: 3" in logged and "shuffle_seed: 5" in logged
+    assert (tmp_path / "drafter" / "config.json").is_file()
+
+
 def test_fit_refuses_to_write_over_an_earlier_export_before_it_trains(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     fit = [*_fit_args(tmp_path), "--model.init_args.export_dir", str(tmp_path / "drafter")]

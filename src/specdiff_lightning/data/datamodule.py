@@ -106,7 +106,8 @@ class DistillationDataModule(L.LightningDataModule):
         shuffle_buffer: records held in the shuffle buffer (0 disables shuffling).
         window_shuffle_buffer: windows held in a second buffer that mixes windows of different
             records within a batch (0 disables it).
-        seed: shuffling and window offsets.
+        shuffle_seed: shuffling and window offsets (not ``seed``: a training module's ``seed`` is
+            its own, and a logger records both modules' hyper-parameters under one set of names).
         on_bad_record: ``"skip"`` (warn with file and line) or ``"raise"``.
         pad_token_id: id used for left padding (masked out, so any id works).
     """
@@ -122,7 +123,7 @@ class DistillationDataModule(L.LightningDataModule):
         batch_size: int = 8,
         shuffle_buffer: int = 1000,
         window_shuffle_buffer: int = 1024,
-        seed: int = 0,
+        shuffle_seed: int = 0,
         on_bad_record: str = "skip",
         pad_token_id: int = 0,
         num_workers: int = 0,
@@ -187,7 +188,7 @@ class DistillationDataModule(L.LightningDataModule):
         for rid, prompt, cont in zip(
             batch["id"], batch["prompt_ids"], batch["continuation_ids"], strict=True
         ):
-            rng = random.Random(zlib.crc32(f"{self.hparams.seed}:{epoch_of()}:{rid}".encode()))
+            rng = random.Random(zlib.crc32(f"{self.hparams.shuffle_seed}:{epoch_of()}:{rid}".encode()))
             windows = cut_windows(
                 prompt,
                 cont,
@@ -206,7 +207,7 @@ class DistillationDataModule(L.LightningDataModule):
     def train_stream(self) -> _EpochStream:
         stream = self._records(self.train_files)
         if self.hparams.shuffle_buffer > 0:
-            stream = stream.shuffle(seed=self.hparams.seed, buffer_size=self.hparams.shuffle_buffer)
+            stream = stream.shuffle(seed=self.hparams.shuffle_seed, buffer_size=self.hparams.shuffle_buffer)
         holder = _EpochStream(stream, 0, self._resume.get("epoch", 0), self._resume.get("consumed", 0))
         self._resume = {}
         # Window offsets follow the epoch of the pass being read.
@@ -218,7 +219,7 @@ class DistillationDataModule(L.LightningDataModule):
         if self.hparams.window_shuffle_buffer > 0:
             # A record's windows come out together; mix them so a batch is not one document.
             stream = stream.shuffle(
-                seed=self.hparams.seed + 1, buffer_size=self.hparams.window_shuffle_buffer
+                seed=self.hparams.shuffle_seed + 1, buffer_size=self.hparams.window_shuffle_buffer
             )
         holder.stream, holder.limit = self._split(
             stream, self.num_train_records * self.hparams.windows_per_record

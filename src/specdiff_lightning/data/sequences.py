@@ -71,6 +71,8 @@ class SequenceDataModule(L.LightningDataModule):
         data_files: JSONL/Parquet corpus files or globs with ``prompt_ids`` and ``continuation_ids``.
         max_length: tokens per sequence (the prompt is cut from the left to fit).
         min_continuation: skip records whose continuation is shorter (EOS right away).
+        shuffle_seed: the training order (not ``seed``: a training module's ``seed`` is its own, and
+            a logger records both modules' hyper-parameters under one set of names).
         gamma: the drafter's window (linked from the model by the CLI; the module cuts the windows).
     """
 
@@ -81,7 +83,7 @@ class SequenceDataModule(L.LightningDataModule):
         max_length: int = 448,
         val_percent: int = 5,
         min_continuation: int = 8,
-        seed: int = 0,
+        shuffle_seed: int = 0,
         gamma: int | None = None,
     ) -> None:
         super().__init__()
@@ -96,7 +98,7 @@ class SequenceDataModule(L.LightningDataModule):
     def _loader(self, split: str) -> DataLoader:
         hp = self.hparams
         data = _Sequences(
-            self._files, split, hp.val_percent, hp.max_length, hp.min_continuation, split == "train", hp.seed
+            self._files, split, hp.val_percent, hp.max_length, hp.min_continuation, split == "train", hp.shuffle_seed
         )
         if split == "train" and self.trainer is not None:
             data.set_epoch(self.trainer.current_epoch)
