@@ -106,6 +106,25 @@ def test_the_smollm2_demo_is_sized_from_the_calibration_to_its_budget():
     )
 
 
+def test_the_demo_drops_the_dflash_ablations_before_rows_that_targets_compare():
+    """The sliced drafter's K=1 / K=4 / MDM rows feed two targets; the DFlash ablations (copies,
+    K=4) feed none, so a slow machine loses them first."""
+    from specdiff_lightning.demo.smollm2 import SMOL_PRESETS, size_to_budget, smollm2_methods
+
+    p = SMOL_PRESETS["smollm2"]
+    full = smollm2_methods(p, "bfloat16")
+    ablations = {"specdiff2_dflash_k1_lookup_bf16", "specdiff2_dflash_k4_bf16"} & {m.key for m in full}
+    compared = {"specdiff2_k1_bf16", "specdiff2_k4_bf16", "mdm_k1_bf16"} & {m.key for m in full}
+    assert ablations and compared
+    seen_partial = False
+    for step in range(16, 60):
+        keys = {m.key for m in size_to_budget(full, p, {"float32": float(step), "bfloat16": float(step)})[0]}
+        if not compared <= keys:
+            assert not ablations & keys, step
+        seen_partial |= not ablations & keys and compared <= keys
+    assert seen_partial  # some budget keeps the compared rows and only drops the ablations
+
+
 def test_the_speed_target_follows_the_machine_class_torch_kernels_use():
     from specdiff_lightning.demo.smollm2 import smollm2_targets
 

@@ -326,8 +326,10 @@ _SPECULATIVE_STEPS = 0.7
 _REDUCTIONS = (
     (("hf_assisted", "sps", "specdiff2_fc_k1_lookup"), 1),
     (("hf_prompt_lookup",), 1),
-    (("specdiff2_k1", "specdiff2_k4", "specdiff2_k4_lookup", "mdm_k1", "specdiff2_fc_k1"), 0),
+    # the DFlash ablations go before the sliced drafter's rows, which two targets compare
+    # (streak-distilled vs MDM-only, K=4 vs K=1)
     (("specdiff2_dflash_k1_lookup", "specdiff2_dflash_k4"), 0),
+    (("specdiff2_k1", "specdiff2_k4", "specdiff2_k4_lookup", "mdm_k1", "specdiff2_fc_k1"), 0),
     (("hf_generate", "hf_generate_compiled", "specdiff2_fc_auto", "specdiff2_dflash_auto", "hf_dflash"), 2),
     (("hf_assisted", "sps"), 0),
     (
