@@ -272,6 +272,36 @@ def test_batched_greedy_corpus_rows_equal_their_own_single_row_generate(tmp_path
         )
 
 
+def test_sampled_corpus_records_do_not_depend_on_the_batch_they_were_drawn_in(tmp_path):
+    """Issue 18: each continuation samples from its own generator (seeded by the run's seed, its
+    prompt's id and its index), so batch size, shard layout and ranks never change a record."""
+    import torch
+
+    verifier = tiny_model("llama", vocab_size=48, seed=0, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [
+        {"id": f"p{i}", "prompt_ids": torch.randint(1, 47, (int(n),), generator=gen).tolist()}
+        for i, n in enumerate([3, 9, 5, 12, 2, 7])
+    ]
+    kwargs = dict(num_continuations=2, max_new_tokens=8, temperature=1.0, eos_token_id=47, progress=False)
+
+    def records(name, **options):
+        out = generate_corpus(verifier, prompts, tmp_path / name, **kwargs, **options)
+        return {
+            r["id"]: r["continuation_ids"] for r in iter_records(sorted(str(p) for p in out.glob("*.jsonl")))
+        }
+
+    alone = records("b1", batch_size=1)
+    assert len(alone) == 12 and len({tuple(c) for c in alone.values()}) > 6  # sampled, not repeated
+    assert records("b6", batch_size=6, prompts_per_shard=4) == alone
+    assert (
+        records("ranks0", batch_size=3, rank=0, world_size=2)
+        | records("ranks1", batch_size=3, rank=1, world_size=2)
+        == alone
+    )
+    assert records("seed1", batch_size=1, seed=1) != alone  # the seed still matters
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_a_damaged_shard_is_reported_and_regenerated_without_duplicates(tmp_path, fmt):
     """Issue 18: a truncated or corrupt shard is found on resume, named with its file and row, and

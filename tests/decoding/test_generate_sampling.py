@@ -5,6 +5,8 @@ counts with the verifier's exact sequence probabilities (Pearson chi-square). Th
 *reject* a reference shifted by 2% total variation, so each test shows it could catch such a bias.
 """
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -148,3 +150,21 @@ def test_engine_refuses_standard_with_several_drafts(verifier, drafter):
         speculative_generate(
             verifier, drafter, PROMPT, max_new_tokens=3, gamma=3, num_drafts=4, acceptance="standard"
         )
+
+
+def test_row_seeded_continuations_sample_the_verifiers_distribution(verifier):
+    """The corpus sampler's per-row streams (Gumbel-max inside generate's greedy search) draw from
+    the verifier's temperature distribution exactly: 3-token continuations, one row per seed."""
+    from specdiff_lightning.models.continuations import sample_continuations
+
+    temperature = 0.8
+    rows = sample_continuations(
+        verifier,
+        PROMPT.repeat(SAMPLES, 1),
+        torch.ones(SAMPLES, PROMPT.shape[1], dtype=torch.long),
+        LENGTH,
+        temperature=temperature,
+        row_seeds=list(range(SAMPLES)),
+    )
+    counts = Counter(tuple(r) for r in rows.tolist())
+    _assert_exact(counts, exact_sequence_probs(verifier, PROMPT, LENGTH, temperature=temperature))

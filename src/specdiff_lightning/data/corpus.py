@@ -15,7 +15,6 @@ import os
 import zlib
 from pathlib import Path
 
-import torch
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -152,9 +151,18 @@ def _write_records(path: Path, records: list[dict], fmt: str) -> None:
         _atomic_write(path, write)
 
 
-def _sample(verifier, prompts, num_continuations, max_new_tokens, eos, pad, temperature) -> list[list[int]]:
-    """``num_continuations`` consecutive continuations per prompt, each up to its EOS (kept)."""
+def _row_seed(seed: int, prompt_id: str, continuation: int) -> int:
+    """The random stream of one continuation: a function of the run's seed and the record alone."""
+    return zlib.crc32(f"{seed}:{prompt_id}#{continuation}".encode())
+
+
+def _sample(
+    verifier, prompts, num_continuations, max_new_tokens, eos, pad, temperature, seed
+) -> list[list[int]]:
+    """``num_continuations`` consecutive continuations per prompt, each up to its EOS (kept); each
+    sampled from its own generator, so a record never depends on the batch it was drawn in."""
     ids, mask = left_pad([p["prompt_ids"] for p in prompts], pad, verifier.device)
+    seeds = [_row_seed(seed, p["id"], c) for p in prompts for c in range(num_continuations)]
     out = sample_continuations(
         verifier,
         ids,
@@ -164,6 +172,7 @@ def _sample(verifier, prompts, num_continuations, max_new_tokens, eos, pad, temp
         eos_token_id=eos,
         num_return_sequences=num_continuations,
         pad_token_id=pad,
+        row_seeds=seeds,
     )
     return [row[row != IGNORE_INDEX].tolist() for row in out]
 
@@ -190,7 +199,9 @@ def generate_corpus(
     """Sample ``num_continuations`` verifier continuations per prompt (temperature 0: its one greedy
     answer) and write shards. ``batch_size`` prompts share each verifier forward, left-padded: on a
     2-core CPU with bf16 instructions SmolLM2-135M writes 314 tokens/s at batch 32 against 43 at
-    batch 1 (docs/results.md).
+    batch 1 (docs/results.md). Each sampled continuation comes from its own random stream, seeded
+    by ``seed``, its prompt's id and its index: a record is the same whatever the batch size, the
+    shard it lands in, a resume or the rank that writes it.
 
     Writes ``train-NNNNN.<fmt>`` (and ``val-NNNNN.<fmt>`` for ``ceil(val_fraction * N)`` prompts,
     chosen by id hash) plus ``manifest.json``. Returns the output directory.
@@ -256,13 +267,11 @@ def generate_corpus(
     for start in range(0, len(todo), prompts_per_shard):
         shard_prompts = todo[start : start + prompts_per_shard]
         index = len(manifest["shards"])
-        # a resumed run samples each shard as a fresh one would; ranks draw apart
-        torch.manual_seed((seed * 1_000_003 + index) * world_size + rank)
         split = {"train": [], "val": []}
         for b in range(0, len(shard_prompts), batch_size):
             batch = shard_prompts[b : b + batch_size]
             conts = _sample(
-                verifier, batch, num_continuations, max_new_tokens, eos_token_id, pad, temperature
+                verifier, batch, num_continuations, max_new_tokens, eos_token_id, pad, temperature, seed
             )
             for i, prompt in enumerate(batch):
                 is_val = prompt["id"] in val_ids

@@ -98,7 +98,13 @@ class SequenceDataModule(L.LightningDataModule):
     def _loader(self, split: str) -> DataLoader:
         hp = self.hparams
         data = _Sequences(
-            self._files, split, hp.val_percent, hp.max_length, hp.min_continuation, split == "train", hp.shuffle_seed
+            self._files,
+            split,
+            hp.val_percent,
+            hp.max_length,
+            hp.min_continuation,
+            split == "train",
+            hp.shuffle_seed,
         )
         if split == "train" and self.trainer is not None:
             data.set_epoch(self.trainer.current_epoch)
