@@ -67,6 +67,15 @@ def test_the_loss_reads_the_blocks_a_decoding_round_drafts():
     )
     torch.testing.assert_close(loss, want)
     assert streak.shape == (8,)
+    # DFlash's position decay: the same blocks, the positions weighted
+    decayed = DFlashDrafterTraining(**TINY, seed=3, cache_features=False, loss_decay=2.0)
+    decayed.drafter_model.load_state_dict(module.drafter_model.state_dict())
+    want, _ = masked_ce_loss(
+        logits.flatten(0, 1), block_targets(ids, batch["lengths"], starts, 4).flatten(0, 1), decay=2.0
+    )
+    torch.testing.assert_close(decayed._loss(batch)[0], want)
+    with pytest.raises(ValueError, match="loss_decay weights masked_ce"):
+        DFlashDrafterTraining(**TINY, objective="streak", loss_decay=2.0)
 
 
 def test_layers_can_start_from_the_verifiers():

@@ -142,3 +142,19 @@ def test_greedy_chain_accepted_counts_leading_argmax_matches():
     logits.scatter_(-1, chain[..., None], 1.0)  # argmax = chain
     targets = torch.tensor([[1, 2, 0, 4], [1, 0, 0, 0], [2, 2, -100, -100]])
     assert greedy_chain_accepted(logits, targets).tolist() == [2, 0, 2]  # a miss or the end stops it
+
+
+def test_masked_ce_position_decay_weights_each_window_position():
+    """DFlash's decay: position k's cross-entropy weighs exp(-(k-1)/decay); ignored positions weigh
+    nothing; without decay the plain mean."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 7, dtype=torch.float64)
+    targets = torch.tensor([[1, 2, 3, 4], [0, 6, IGNORE_INDEX, IGNORE_INDEX], [5, 5, 5, IGNORE_INDEX]])
+    ce = -torch.log_softmax(logits, -1).gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1)
+    valid = targets != IGNORE_INDEX
+    weights = torch.exp(-torch.arange(4, dtype=torch.float64) / 2.0).expand(3, 4) * valid
+    expected = (ce * weights).sum() / weights.sum()
+    torch.testing.assert_close(masked_ce_loss(logits, targets, decay=2.0)[0], expected)
+    torch.testing.assert_close(masked_ce_loss(logits, targets)[0], ce[valid].mean())
+    with pytest.raises(ValueError, match="decay must be > 0"):
+        masked_ce_loss(logits, targets, decay=-1.0)

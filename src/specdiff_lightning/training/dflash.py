@@ -71,6 +71,8 @@ class DFlashDrafterTraining(VerifierFeatureTraining):
             layer); None: the stock random initialisation.
         init_from: a saved DFlash drafter (either layout) to continue training.
         objective: ``"masked_ce"`` (DFlash's) or ``"streak"`` (streak-distillation).
+        loss_decay: masked_ce weighted by ``exp(-(k - 1) / loss_decay)`` at block position k, as
+            DFlash trains (SpecForge's trainer calls it loss_decay_gamma); None: the plain mean.
         blocks: blocks per sequence and step (anchors uniform over the continuation).
         targets: ``"corpus"`` (the record's tokens: the verifier's continuations) or ``"verifier"``
             (its teacher-forced argmax at every position, for any text).
@@ -88,6 +90,7 @@ class DFlashDrafterTraining(VerifierFeatureTraining):
         init_layers_from: tuple[int, ...] | None = None,
         init_from: str | None = None,
         objective: str = "masked_ce",
+        loss_decay: float | None = None,
         blocks: int = 16,
         draft_temperature: float = 1.0,
         lr: float = 6e-4,
@@ -101,8 +104,8 @@ class DFlashDrafterTraining(VerifierFeatureTraining):
         overwrite_export: bool = False,
     ) -> None:
         super().__init__()
-        self._check_objective(objective, targets)
         self.save_hyperparameters()
+        self._check_objective(objective, targets)
         frozen = load_verifier(verifier, dtype=torch.float32)
         self._hold_verifier(frozen)  # not a submodule: frozen, shared, never checkpointed
         if init_from:

@@ -29,6 +29,8 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
     def _check_objective(self, objective: str, targets: str) -> None:
         if objective not in FEATURE_OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(FEATURE_OBJECTIVES)}, got {objective!r}")
+        if self.hparams.get("loss_decay") and objective != "masked_ce":
+            raise ValueError(f"loss_decay weights masked_ce's positions; objective {objective!r} takes none")
         if targets not in ("corpus", "verifier"):
             raise ValueError(f"targets must be 'corpus' or 'verifier', got {targets!r}")
         self._features: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -85,9 +87,13 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
         logits = self.drafter.blocks_logits(feats, ids, starts, self.window)
         return logits.flatten(0, 1), targets.flatten(0, 1)
 
+    def _objective(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hp = self.hparams
+        decay = {"decay": hp.loss_decay} if hp.get("loss_decay") else {}  # masked_ce's position decay
+        return FEATURE_OBJECTIVES[hp.objective](logits, targets, hp.draft_temperature, **decay)
+
     def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, targets = self._blocks(batch)
-        return FEATURE_OBJECTIVES[self.hparams.objective](logits, targets, self.hparams.draft_temperature)
+        return self._objective(*self._blocks(batch))
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         """Besides loss and streak: ``val/accepted``, the draft tokens greedy acceptance keeps of the
@@ -96,9 +102,7 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
         from .losses import greedy_chain_accepted
 
         logits, targets = self._blocks(batch)
-        loss, streak = FEATURE_OBJECTIVES[self.hparams.objective](
-            logits, targets, self.hparams.draft_temperature
-        )
+        loss, streak = self._objective(logits, targets)
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         self.log("val/streak", streak.float().mean(), prog_bar=True, sync_dist=True)
         self.log(

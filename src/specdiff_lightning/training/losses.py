@@ -189,11 +189,24 @@ def masked_ce_loss(
     targets: torch.Tensor,
     temperature: float = 1.0,
     verifier_logprobs: torch.Tensor | None = None,
+    decay: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain cross-entropy on the verifier's tokens at the masked positions."""
+    """Cross-entropy on the verifier's tokens at the masked positions: their plain mean, or with
+    ``decay`` (DFlash's position decay) the mean weighted by ``exp(-(k - 1) / decay)`` at window
+    position k = 1..g, since a token is only accepted after every earlier one was: the first
+    positions carry most of the accepted length."""
     ce = F.cross_entropy(
-        _up(draft_logits).flatten(0, 1) / temperature, targets.flatten(), ignore_index=IGNORE_INDEX
+        _up(draft_logits).flatten(0, 1) / temperature,
+        targets.flatten(),
+        ignore_index=IGNORE_INDEX,
+        reduction="none" if decay else "mean",
     )
+    if decay:
+        if decay <= 0:
+            raise ValueError(f"decay must be > 0 (or None: no decay), got {decay}")
+        k = torch.arange(targets.shape[1], device=ce.device, dtype=ce.dtype)
+        weights = torch.exp(-k / decay).expand_as(targets) * _valid(targets)
+        ce = (ce.view_as(targets) * weights).sum() / weights.sum().clamp_min(1e-12)
     return _with_streak(ce, draft_logits, targets, temperature)
 
 
