@@ -4,9 +4,11 @@ users (imports nothing heavy)."""
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["cache_root", "give_user_modes"]
+__all__ = ["atomic_write", "cache_root", "give_user_modes"]
 
 
 def cache_root() -> Path:
@@ -26,3 +28,23 @@ def give_user_modes(path: str | os.PathLike) -> None:
     for f in path.iterdir():
         if f.is_file():
             os.chmod(f, 0o666 & ~umask)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Path:
+    """Write a file whole or not at all: ``write(tmp)`` writes a temporary file next to ``path``
+    (so the rename stays on one filesystem), renamed into place; an interruption leaves the old
+    file, never half a new one. The file gets the umask's mode (``mkstemp`` makes it 0600)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from ..paths import atomic_write
+
 __all__ = ["write_report", "markdown_table"]
 
 
@@ -13,9 +15,7 @@ def write_report(report: dict, output_dir: str | os.PathLike) -> Path:
     """Write ``bench.json``, ``bench.md`` and the plots; returns the directory."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "bench.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, out / "bench.json")
+    atomic_write(out / "bench.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=2)))
     (out / "bench.md").write_text(markdown_table(report))
     _plots(report, out)
     return out

@@ -9,7 +9,6 @@ different earlier ``config.yaml`` is replaced only with a note saying so (or, wi
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,8 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LightningArgumentParser, Namespace, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
+
+from ..paths import atomic_write
 
 __all__ = ["RunConfigCallback"]
 
@@ -94,7 +95,4 @@ class RunConfigCallback(SaveConfigCallback):
                     f"{path} holds the config of another run; delete it, or write this run's outputs elsewhere"
                 )
             rank_zero_info(f"{path}: replacing an earlier run's config with this run's")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))

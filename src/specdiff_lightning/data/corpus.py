@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from ..constants import IGNORE_INDEX
 from ..models.continuations import left_pad, sample_continuations
+from ..paths import atomic_write
 from .records import CorpusError, iter_records, read_jsonl, validate_prompt_record
 from .tokenization import encode_prompt
 
@@ -130,17 +131,11 @@ def _check_shards(out: Path, manifest: dict) -> None:
         manifest["shards"][index], owners[index] = [], []
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def _write_records(path: Path, records: list[dict], fmt: str) -> None:
     if fmt == "parquet":
         from datasets import Dataset
 
-        _atomic_write(path, lambda tmp: Dataset.from_list(records).to_parquet(str(tmp)))
+        atomic_write(path, lambda tmp: Dataset.from_list(records).to_parquet(str(tmp)))
     else:
 
         def write(tmp):
@@ -148,7 +143,7 @@ def _write_records(path: Path, records: list[dict], fmt: str) -> None:
                 for r in records:
                     f.write(json.dumps(r) + "\n")
 
-        _atomic_write(path, write)
+        atomic_write(path, write)
 
 
 def _row_seed(seed: int, prompt_id: str, continuation: int) -> int:
@@ -297,6 +292,6 @@ def generate_corpus(
         if "shard_prompts" in manifest:  # (absent in a manifest from before shards recorded their prompts)
             manifest["shard_prompts"].append([p["id"] for p in shard_prompts])
         manifest["done"] += [p["id"] for p in shard_prompts]
-        _atomic_write(manifest_path, lambda tmp: tmp.write_text(json.dumps(manifest)))
+        atomic_write(manifest_path, lambda tmp: Path(tmp).write_text(json.dumps(manifest)))
     bar.close()
     return out

@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..paths import cache_root
+from ..paths import atomic_write, cache_root
 from .attention import to_model_mask
 from .costmodel import COST_MODEL_VERSION, CostModel, isotonic
 from .kernels import choose_linear_kernels, linear_kernel_rows, use_linear_kernels
@@ -139,17 +138,8 @@ def _path(key: dict, directory: Path | None) -> Path:
 
 
 def _write_json(path: Path, data: dict) -> Path:
-    """Write ``data`` as JSON atomically (a temporary file renamed into place), mode 0644."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write ``data`` as JSON atomically (:func:`~specdiff_lightning.paths.atomic_write`)."""
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=1)))
     return path
 
 
