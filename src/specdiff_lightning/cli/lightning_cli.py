@@ -98,6 +98,8 @@ class SpecDiffCLI(LightningCLI):
         # Skipped by jsonargparse where the chosen classes lack the argument (pretraining modules,
         # PromptDataModule).
         parser.link_arguments("model.init_args.gamma", "data.init_args.gamma")
+        # the training module writes the verifier's features there, the data module reads them back
+        parser.link_arguments("model.init_args.feature_store", "data.init_args.feature_store")
 
     def instantiate_trainer(self, **kwargs: Any) -> SpecDiffTrainer:
         trainer = super().instantiate_trainer(**kwargs)

@@ -8,6 +8,7 @@ example here is one record; the training module cuts many windows out of it in o
 
 from __future__ import annotations
 
+import functools
 import random
 import zlib
 
@@ -15,6 +16,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from .feature_store import FeatureStore
 from .records import CorpusError, expand_files, iter_records
 
 __all__ = ["SequenceDataModule", "collate_sequences"]
@@ -51,17 +53,29 @@ class _Sequences(IterableDataset):
         yield from rows
 
 
-def collate_sequences(rows: list[tuple[list[int], int]], pad_id: int = 0) -> dict:
-    """Right-padded ``input_ids[B, L]``, ``lengths[B]`` and ``cont_start[B]`` (first continuation index)."""
+def collate_sequences(
+    rows: list[tuple[list[int], int]], pad_id: int = 0, store: FeatureStore | None = None
+) -> dict:
+    """Right-padded ``input_ids[B, L]``, ``lengths[B]`` and ``cont_start[B]`` (first continuation
+    index). With a ``store`` holding every row's features: also ``features[B, L, F]`` (bfloat16,
+    zero on padding) and ``greedy[B, L]``, so the training module need not run the verifier."""
     width = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     for i, (seq, _) in enumerate(rows):
         ids[i, : len(seq)] = torch.tensor(seq)
-    return {
+    batch = {
         "input_ids": ids,
         "lengths": torch.tensor([len(seq) for seq, _ in rows]),
         "cont_start": torch.tensor([start for _, start in rows]),
     }
+    stored = [store.get(seq) for seq, _ in rows] if store is not None else [None]
+    if all(s is not None for s in stored):
+        features = torch.zeros(len(rows), width, stored[0][0].shape[-1], dtype=stored[0][0].dtype)
+        greedy = ids.clone()
+        for i, (f, g) in enumerate(stored):
+            features[i, : f.shape[0]], greedy[i, : g.shape[0]] = f, g
+        batch.update(features=features, greedy=greedy)
+    return batch
 
 
 class SequenceDataModule(L.LightningDataModule):
@@ -73,6 +87,10 @@ class SequenceDataModule(L.LightningDataModule):
         min_continuation: skip records whose continuation is shorter (EOS right away).
         shuffle_seed: the training order (not ``seed``: a training module's ``seed`` is its own, and
             a logger records both modules' hyper-parameters under one set of names).
+        feature_store: a directory of the verifier's hidden states (:mod:`.feature_store`), written
+            by the training module on its first read of each sequence; batches whose sequences are
+            all there carry them (``features``, ``greedy``), and the verifier is not run. Linked
+            from the model's ``feature_store`` by the CLI.
         gamma: the drafter's window (linked from the model by the CLI; the module cuts the windows).
     """
 
@@ -85,6 +103,7 @@ class SequenceDataModule(L.LightningDataModule):
         min_continuation: int = 8,
         shuffle_seed: int = 0,
         gamma: int | None = None,
+        feature_store: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -108,7 +127,9 @@ class SequenceDataModule(L.LightningDataModule):
         )
         if split == "train" and self.trainer is not None:
             data.set_epoch(self.trainer.current_epoch)
-        return DataLoader(data, batch_size=hp.batch_size, collate_fn=collate_sequences)
+        store = FeatureStore(hp.feature_store) if hp.get("feature_store") else None
+        collate = functools.partial(collate_sequences, store=store)
+        return DataLoader(data, batch_size=hp.batch_size, collate_fn=collate)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")

@@ -31,6 +31,10 @@ class ConditionedDrafterTraining(VerifierFeatureTraining):
             write next after the record's prefix), so any text (e.g. real code answers) can train it.
         cache_features: keep each sequence's features after its first epoch (bf16, in memory), so the
             verifier reads every sequence once.
+        feature_store: a directory that keeps each sequence's verifier features on disk
+            (:mod:`~specdiff_lightning.data.feature_store`): written on the first read, read back by
+            the data module (``SequenceDataModule(feature_store=...)``, linked by the CLI) in later
+            epochs and runs, so the verifier reads each training sequence once. None: no store.
         export_dir: write the trained drafter here when training ends (an existing one stops ``fit``
             before it trains, unless ``overwrite_export``).
         overwrite_export: replace what ``export_dir`` holds (an earlier run's export).
@@ -54,6 +58,7 @@ class ConditionedDrafterTraining(VerifierFeatureTraining):
         seed: int = 0,
         targets: str = "corpus",
         cache_features: bool = True,
+        feature_store: str | None = None,
         export_dir: str | None = None,
         export_dtype: str = "bfloat16",
         overwrite_export: bool = False,

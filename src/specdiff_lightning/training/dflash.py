@@ -77,6 +77,10 @@ class DFlashDrafterTraining(VerifierFeatureTraining):
         targets: ``"corpus"`` (the record's tokens: the verifier's continuations) or ``"verifier"``
             (its teacher-forced argmax at every position, for any text).
         cache_features: keep each sequence's features after its first read (bf16, in memory).
+        feature_store: a directory that keeps each sequence's verifier features on disk
+            (:mod:`~specdiff_lightning.data.feature_store`): written on the first read, read back by
+            the data module (``SequenceDataModule(feature_store=...)``, linked by the CLI) in later
+            epochs and runs, so the verifier reads each training sequence once. None: no store.
         export_dir / export_dtype / overwrite_export: as every drafter training module.
     """
 
@@ -99,6 +103,7 @@ class DFlashDrafterTraining(VerifierFeatureTraining):
         seed: int = 0,
         targets: str = "corpus",
         cache_features: bool = True,
+        feature_store: str | None = None,
         export_dir: str | None = None,
         export_dtype: str = "bfloat16",
         overwrite_export: bool = False,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..data.feature_store import FeatureStore
 from .losses import masked_ce_loss, streak_loss
 from .slice_drafter import SharedEmbeddingDrafterTraining, block_targets, sample_block_starts
 
@@ -22,7 +23,8 @@ FEATURE_OBJECTIVES = {"masked_ce": masked_ce_loss, "streak": streak_loss}
 class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
     """A subclass sets ``self.drafter`` (``.feature_layers``, ``.blocks_logits(features, ids,
     starts, gamma)``), :attr:`window` (tokens drafted per block) and the hyperparameters
-    ``objective``, ``blocks``, ``targets``, ``cache_features``, ``draft_temperature``."""
+    ``verifier``, ``objective``, ``blocks``, ``targets``, ``cache_features``, ``draft_temperature``
+    and optionally ``feature_store``, ``loss_decay``."""
 
     window: int
 
@@ -76,11 +78,42 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
             greedy[b, : g.shape[0]] = g.to(greedy)
         return features, greedy
 
+    def feature_store(self) -> FeatureStore | None:
+        """The run's :class:`~specdiff_lightning.data.feature_store.FeatureStore` (``feature_store``
+        hyper-parameter), opened once with this verifier's identity: its spec, a fingerprint of its
+        embeddings, the feature layers and where the greedy tokens come from."""
+        root = self.hparams.get("feature_store")
+        if not root:
+            return None
+        if getattr(self, "_store", None) is None:
+            embeddings = self.verifier.get_input_embeddings().weight
+            identity = {
+                "verifier": str(self.hparams.verifier),
+                "fingerprint": f"{float(embeddings.double().sum()):.10g}",
+                "layers": [int(i) for i in self.drafter.feature_layers],
+                "targets": self.hparams.targets,
+            }
+            self._store = FeatureStore(root, identity)
+        return self._store
+
+    def _batch_features(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's verifier features and greedy tokens: those the data module read from the
+        feature store, else the verifier's read (then stored, when the run keeps a store)."""
+        ids, lengths = batch["input_ids"], batch["lengths"]
+        if "features" in batch:
+            return batch["features"].to(ids.device, torch.float32), batch["greedy"]
+        feats, greedy = self.verifier_features(ids, lengths)
+        store = self.feature_store()
+        if store is not None:
+            for b, n in enumerate(lengths.tolist()):
+                store.put(ids[b, :n], feats[b, :n], greedy[b, :n])
+        return feats, greedy
+
     def _blocks(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """``(logits[B*M, window, V], targets[B*M, window])`` of the batch's blocks at random anchors."""
         hp = self.hparams
         ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
-        feats, greedy = self.verifier_features(ids, lengths)
+        feats, greedy = self._batch_features(batch)
         starts = sample_block_starts(cont, lengths, hp.blocks, self._generator).to(ids.device)
         labels = greedy if hp.targets == "verifier" else ids
         targets = block_targets(labels, lengths, starts, self.window)
