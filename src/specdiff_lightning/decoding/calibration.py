@@ -371,5 +371,5 @@ def warn_if_slower_than_plain(
     whether it warned (a caller warns once per run)."""
     message = slower_than_plain(tokens_per_s, verifier, context, mean_accepted, **options)
     if message is not None:
-        warnings.warn(message, SlowerThanPlainWarning, stacklevel=3)
+        warnings.warn(message, SlowerThanPlainWarning, stacklevel=2)  # at the decoding call
     return message is not None
