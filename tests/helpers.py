@@ -112,23 +112,29 @@ def random_sequence_corpus(path, n=24, seed=0):
     return path
 
 
-def fit_briefly(module, corpus, tmp_path, max_steps: int) -> None:
-    """A few quiet training steps of a drafter-training module on a sequence corpus (no logger, no
-    checkpoints, one validation batch), everything written under ``tmp_path``."""
+def quiet_trainer(tmp_path, **kwargs):
+    """A Lightning Trainer with no logger, checkpoints, bar or summary, writing under ``tmp_path``
+    (one validation batch unless ``kwargs`` say otherwise)."""
     import lightning as L
 
-    from specdiff_lightning.data.sequences import SequenceDataModule
-
-    trainer = L.Trainer(
-        max_steps=max_steps,
+    kwargs.setdefault("limit_val_batches", 1)
+    return L.Trainer(
         logger=False,
         enable_checkpointing=False,
         default_root_dir=tmp_path,
-        limit_val_batches=1,
         enable_progress_bar=False,
         enable_model_summary=False,
+        **kwargs,
     )
-    trainer.fit(module, SequenceDataModule(str(corpus), batch_size=4, max_length=32))
+
+
+def fit_briefly(module, corpus, tmp_path, max_steps: int) -> None:
+    """A few quiet training steps of a drafter-training module on a sequence corpus."""
+    from specdiff_lightning.data.sequences import SequenceDataModule
+
+    quiet_trainer(tmp_path, max_steps=max_steps).fit(
+        module, SequenceDataModule(str(corpus), batch_size=4, max_length=32)
+    )
 
 
 def tree_for(acceptance) -> str | None:

@@ -3,11 +3,10 @@ read and streamed back by the data module, so later epochs and runs never run th
 
 import json
 
-import lightning as L
 import pytest
 import torch
 
-from helpers import random_sequence_corpus
+from helpers import quiet_trainer, random_sequence_corpus
 from specdiff_lightning.data.feature_store import STORE_FILE, FeatureStore, FeatureStoreError, sequence_key
 from specdiff_lightning.data.sequences import SequenceDataModule
 from specdiff_lightning.training.dflash import DFlashDrafterTraining
@@ -38,18 +37,6 @@ def test_sequences_round_trip_and_a_store_of_another_reading_is_refused(tmp_path
     assert store.get([1, 2, 3]) is None and len(store) == 0
 
 
-def _trainer(tmp_path, **kwargs):
-    return L.Trainer(
-        logger=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-        limit_val_batches=0,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **kwargs,
-    )
-
-
 def test_the_verifier_reads_each_sequence_once_across_epochs_and_runs(tmp_path):
     corpus = random_sequence_corpus(tmp_path / "corpus.jsonl", n=12)
     store = tmp_path / "features"
@@ -60,7 +47,7 @@ def test_the_verifier_reads_each_sequence_once_across_epochs_and_runs(tmp_path):
     module = DFlashDrafterTraining(**TINY, cache_features=False, feature_store=str(store))
     calls = []
     module.verifier.register_forward_hook(lambda *args: calls.append(1))
-    _trainer(tmp_path, max_epochs=2).fit(module, data())
+    quiet_trainer(tmp_path, max_epochs=2, limit_val_batches=0).fit(module, data())
     dm = data()
     dm.setup("fit")
     sequences = sum(len(b["lengths"]) for b in dm.train_dataloader())
@@ -71,7 +58,7 @@ def test_the_verifier_reads_each_sequence_once_across_epochs_and_runs(tmp_path):
     # features are those the verifier gives (stored in bfloat16).
     again = DFlashDrafterTraining(**TINY, cache_features=False, feature_store=str(store), seed=4)
     again.verifier.register_forward_hook(lambda *args: pytest.fail("the verifier ran"))
-    _trainer(tmp_path, max_steps=2).fit(again, data())
+    quiet_trainer(tmp_path, max_steps=2, limit_val_batches=0).fit(again, data())
     batch = next(iter(dm.train_dataloader()))
     assert batch["features"].shape[:2] == batch["input_ids"].shape
     fresh, greedy = DFlashDrafterTraining(**TINY).verifier_features(batch["input_ids"], batch["lengths"])
