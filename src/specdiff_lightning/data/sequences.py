@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from .feature_store import FeatureStore
+from ..feature_store import FeatureStore
 from .records import CorpusError, expand_files, iter_records
 
 __all__ = ["SequenceDataModule", "collate_sequences"]
@@ -87,8 +87,9 @@ class SequenceDataModule(L.LightningDataModule):
         min_continuation: skip records whose continuation is shorter (EOS right away).
         shuffle_seed: the training order (not ``seed``: a training module's ``seed`` is its own, and
             a logger records both modules' hyper-parameters under one set of names).
-        feature_store: a directory of the verifier's hidden states (:mod:`.feature_store`), written
-            by the training module on its first read of each sequence; batches whose sequences are
+        feature_store: a directory of the verifier's hidden states
+            (:mod:`~specdiff_lightning.feature_store`), written by the training module on its first
+            read of each sequence; batches whose sequences are
             all there carry them (``features``, ``greedy``), and the verifier is not run. Linked
             from the model's ``feature_store`` by the CLI.
         gamma: the drafter's window (linked from the model by the CLI; the module cuts the windows).

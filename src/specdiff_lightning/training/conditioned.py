@@ -32,7 +32,7 @@ class ConditionedDrafterTraining(VerifierFeatureTraining):
         cache_features: keep each sequence's features after its first epoch (bf16, in memory), so the
             verifier reads every sequence once.
         feature_store: a directory that keeps each sequence's verifier features on disk
-            (:mod:`~specdiff_lightning.data.feature_store`): written on the first read, read back by
+            (:mod:`~specdiff_lightning.feature_store`): written on the first read, read back by
             the data module (``SequenceDataModule(feature_store=...)``, linked by the CLI) in later
             epochs and runs, so the verifier reads each training sequence once. None: no store.
         export_dir: write the trained drafter here when training ends (an existing one stops ``fit``

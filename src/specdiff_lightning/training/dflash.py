@@ -78,7 +78,7 @@ class DFlashDrafterTraining(VerifierFeatureTraining):
             (its teacher-forced argmax at every position, for any text).
         cache_features: keep each sequence's features after its first read (bf16, in memory).
         feature_store: a directory that keeps each sequence's verifier features on disk
-            (:mod:`~specdiff_lightning.data.feature_store`): written on the first read, read back by
+            (:mod:`~specdiff_lightning.feature_store`): written on the first read, read back by
             the data module (``SequenceDataModule(feature_store=...)``, linked by the CLI) in later
             epochs and runs, so the verifier reads each training sequence once. None: no store.
         export_dir / export_dtype / overwrite_export: as every drafter training module.

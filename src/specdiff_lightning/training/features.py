@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..data.feature_store import FeatureStore
+from ..feature_store import FeatureStore
 from .losses import masked_ce_loss, streak_loss
 from .slice_drafter import SharedEmbeddingDrafterTraining, block_targets, sample_block_starts
 
@@ -79,7 +79,7 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
         return features, greedy
 
     def feature_store(self) -> FeatureStore | None:
-        """The run's :class:`~specdiff_lightning.data.feature_store.FeatureStore` (``feature_store``
+        """The run's :class:`~specdiff_lightning.feature_store.FeatureStore` (``feature_store``
         hyper-parameter), opened once with this verifier's identity: its spec, a fingerprint of its
         embeddings, the feature layers and where the greedy tokens come from."""
         root = self.hparams.get("feature_store")

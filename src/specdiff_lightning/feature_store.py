@@ -11,6 +11,9 @@ Layout: ``<root>/store.json`` (which verifier, which layers, the dtype, ...) and
 ``<sha1 of the token ids>.safetensors`` per sequence (``features[L, F]`` in bfloat16, ``greedy[L]``),
 each written atomically, so an interrupted run leaves whole files only. A store written for other
 layers or another verifier is refused by name, never read as if it fitted.
+
+It sits beside ``paths`` below the layers: the training modules write it and the data modules read
+it, and neither imports the other.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..paths import atomic_write
+from .paths import atomic_write
 
 __all__ = ["FeatureStore", "FeatureStoreError", "STORE_FILE", "sequence_key"]
 

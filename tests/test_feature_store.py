@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from helpers import quiet_trainer, random_sequence_corpus
-from specdiff_lightning.data.feature_store import STORE_FILE, FeatureStore, FeatureStoreError, sequence_key
 from specdiff_lightning.data.sequences import SequenceDataModule
+from specdiff_lightning.feature_store import STORE_FILE, FeatureStore, FeatureStoreError, sequence_key
 from specdiff_lightning.training.dflash import DFlashDrafterTraining
 
 TINY = dict(
