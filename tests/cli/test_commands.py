@@ -127,11 +127,16 @@ def test_a_logged_fit_takes_a_model_seed_and_a_data_order_of_its_own(tmp_path, m
     args += ["--trainer.precision", "32-true", "--trainer.limit_val_batches", "1"]
     args += ["--trainer.default_root_dir", str(tmp_path / "root"), "--model.init_args.export_dir", "drafter"]
     args += ["--trainer.logger.init_args.save_dir", str(tmp_path / "root"), *QUIET]
+    args += ["--model.init_args.feature_store", "features"]
     assert main(["fit", *args]) == 0
     (hparams,) = (tmp_path / "root").glob("logs/version_*/hparams.yaml")
     logged = hparams.read_text()
     assert "seed: 3" in logged and "shuffle_seed: 5" in logged
     assert (tmp_path / "drafter" / "config.json").is_file()
+    # The model's feature_store reaches the data module (linked by the CLI, so not in config.yaml):
+    # both modules' hparams hold it, or the logger's merge of the two would have failed as above.
+    assert "feature_store: features" in logged
+    assert list((tmp_path / "features").glob("*.safetensors"))  # the training module wrote the store
 
 
 def test_fit_refuses_to_write_over_an_earlier_export_before_it_trains(tmp_path, monkeypatch, capsys):
