@@ -33,23 +33,27 @@ def _module(**kwargs):
     return DrafterDistillation(**args)
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    out = tmp_path_factory.mktemp("corpus")
+def _sample_corpus(out: Path, seed: int = 0) -> Path:
+    """The tiny verifier's sampled continuations of 240 random prompts (``seed``: the sample)."""
     rng = random.Random(0)
     prompts = [{"id": f"p{i}", "prompt_ids": [rng.randrange(0, V - 1) for _ in range(6)]} for i in range(240)]
-    verifier = _module().verifier
     generate_corpus(
-        verifier,
+        _module().verifier,
         prompts,
         out,
         num_continuations=4,
         max_new_tokens=24,
         batch_size=32,
         val_fraction=0.15,
+        seed=seed,
         progress=False,
     )
     return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return _sample_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def _data(corpus, **kwargs):
@@ -63,29 +67,48 @@ def _validate(model, data, root):
     return result["val/streak"], [result[f"val/gamma_{j}"] for j in range(1, 9)]
 
 
-@pytest.mark.slow
-def test_streak_distillation_raises_streak_and_beats_ar_distillation(corpus, tmp_path):
-    """The base drafter is pretrained with masked cross-entropy on the corpus; fine-tuning it with
-    the streak objective raises the validation streak, and more so on later positions than the
-    AR-distillation baseline trained the same way (the Fig. 2 shape)."""
+def _fig2_run(corpus: Path, root: Path) -> tuple[float, tuple, tuple]:
+    """The base drafter (masked CE on the corpus), then 3 epochs of each objective from it:
+    ``(base streak, (streak, gamma_j) after streak-distillation, the same after AR-distillation)``."""
     torch.manual_seed(0)
     base = _module(loss="masked_ce", lr=3e-3)
-    L.Trainer(max_epochs=4, default_root_dir=tmp_path, **QUIET).fit(base, _data(corpus))
-    base_streak, _ = _validate(base, _data(corpus), tmp_path)
+    L.Trainer(max_epochs=4, default_root_dir=root, **QUIET).fit(base, _data(corpus))
+    base_streak, _ = _validate(base, _data(corpus), root)
     results = {}
     for loss in ("streak", "ar_distillation"):
         torch.manual_seed(0)
         model = _module(loss=loss, lr=1e-3)
         model.drafter_model.load_state_dict(base.drafter_model.state_dict())
-        L.Trainer(max_epochs=3, default_root_dir=tmp_path, **QUIET).fit(model, _data(corpus))
-        results[loss] = _validate(model, _data(corpus), tmp_path)
-    streak, curve = results["streak"]
-    ar_streak, ar_curve = results["ar_distillation"]
-    print(f"base {base_streak:.3f}; streak {streak:.3f} {curve}; AR-distillation {ar_streak:.3f} {ar_curve}")
-    assert streak > 1.3 * base_streak  # measured here: 0.66 -> 1.25
-    # Expected accepted mass past the first position (P_j, j >= 2): measured 0.90 vs 0.87.
-    assert streak - curve[0] > 1.03 * (ar_streak - ar_curve[0])
-    assert curve[1] > ar_curve[1]  # gamma_2, where AR-distillation has no direct signal
+        L.Trainer(max_epochs=3, default_root_dir=root, **QUIET).fit(model, _data(corpus))
+        results[loss] = _validate(model, _data(corpus), root)
+    return base_streak, results["streak"], results["ar_distillation"]
+
+
+@pytest.mark.slow
+def test_streak_distillation_raises_streak_and_beats_ar_distillation(corpus, tmp_path):
+    """The base drafter is pretrained with masked cross-entropy on the corpus; fine-tuning it with
+    the streak objective raises the validation streak, and more so on later positions than the
+    AR-distillation baseline trained the same way (the Fig. 2 shape).
+
+    The later-position margin is small at this scale and moves with the corpus's sample: over six
+    samples, streak-distillation's gain past the first position was 0.96-1.11x AR-distillation's
+    (mean 1.04), so a single sample passes or fails the 3% margin by chance. It is asserted on the
+    mean over three samples; the streak's rise over the base drafter, on each."""
+    runs = [_fig2_run(corpus, tmp_path)]
+    runs += [_fig2_run(_sample_corpus(tmp_path / f"corpus{seed}", seed), tmp_path) for seed in (1, 2)]
+    later, ar_later, gamma2, ar_gamma2 = [], [], [], []
+    for base_streak, (streak, curve), (ar_streak, ar_curve) in runs:
+        print(
+            f"base {base_streak:.3f}; streak {streak:.3f} {curve}; AR-distillation {ar_streak:.3f} {ar_curve}"
+        )
+        assert streak > 1.3 * base_streak  # measured: 0.49-0.79 -> 0.99-1.29
+        # Expected accepted mass past the first position (P_j, j >= 2)
+        later.append(streak - curve[0])
+        ar_later.append(ar_streak - ar_curve[0])
+        gamma2.append(curve[1])
+        ar_gamma2.append(ar_curve[1])
+    assert sum(later) > 1.03 * sum(ar_later)
+    assert sum(gamma2) > sum(ar_gamma2)  # gamma_2, where AR-distillation has no direct signal
 
 
 def test_checkpoint_holds_the_drafter_only_resumes_and_exports(corpus, tmp_path):
