@@ -73,3 +73,24 @@ def test_a_store_of_other_layers_stops_the_run_by_name(tmp_path):
     module = DFlashDrafterTraining(**TINY, feature_store=str(store))
     with pytest.raises(FeatureStoreError, match="holds .* and this run reads"):
         module.feature_store()
+
+
+def test_features_from_a_store_the_module_did_not_open_are_refused(tmp_path):
+    """The data module reads a store without checking whose it is; the training module only takes
+    features from the store it opened (and so checked against its verifier and layers)."""
+    corpus = random_sequence_corpus(tmp_path / "corpus.jsonl", n=8)
+    store = tmp_path / "features"
+    writer = DFlashDrafterTraining(**TINY, cache_features=False, feature_store=str(store))
+    quiet_trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(
+        writer, SequenceDataModule(str(corpus), batch_size=4, max_length=32)
+    )
+    data = SequenceDataModule(str(corpus), batch_size=4, max_length=32, feature_store=str(store))
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    assert "features" in batch
+    with pytest.raises(FeatureStoreError, match="give both the same feature_store"):
+        DFlashDrafterTraining(**TINY)._batch_features(batch)
+    with pytest.raises(FeatureStoreError, match="did not open"):
+        DFlashDrafterTraining(**TINY, feature_store=str(tmp_path / "other"))._batch_features(batch)
+    feats, _ = DFlashDrafterTraining(**TINY, feature_store=str(store))._batch_features(batch)
+    assert feats.dtype == torch.float32

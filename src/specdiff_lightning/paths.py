@@ -21,8 +21,7 @@ def give_user_modes(path: str | os.PathLike) -> None:
     022), as any file the user writes has: ``mkdtemp`` makes private directories (0700), and
     transformers / safetensors write weights through private temporary files (0600), which another
     user (a serving process, a shared cache) cannot read."""
-    umask = os.umask(0o022)  # os.umask can only be read by setting it: set it straight back
-    os.umask(umask)
+    umask = _umask()
     path = Path(path)
     os.chmod(path, 0o777 & ~umask)
     for f in path.iterdir():
@@ -40,11 +39,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
     os.close(fd)
     try:
         write(tmp)
-        umask = os.umask(0o022)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _umask() -> int:
+    umask = os.umask(0o022)  # os.umask can only be read by setting it: set it straight back
+    os.umask(umask)
+    return umask

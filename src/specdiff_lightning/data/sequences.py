@@ -74,7 +74,8 @@ def collate_sequences(
         greedy = ids.clone()
         for i, (f, g) in enumerate(stored):
             features[i, : f.shape[0]], greedy[i, : g.shape[0]] = f, g
-        batch.update(features=features, greedy=greedy)
+        # the directory too: the training module checks that it opened (and validated) this store
+        batch.update(features=features, greedy=greedy, feature_store=str(store.root))
     return batch
 
 
@@ -89,9 +90,9 @@ class SequenceDataModule(L.LightningDataModule):
             a logger records both modules' hyper-parameters under one set of names).
         feature_store: a directory of the verifier's hidden states
             (:mod:`~specdiff_lightning.feature_store`), written by the training module on its first
-            read of each sequence; batches whose sequences are
-            all there carry them (``features``, ``greedy``), and the verifier is not run. Linked
-            from the model's ``feature_store`` by the CLI.
+            read of each sequence; batches whose sequences are all there carry them (``features``,
+            ``greedy``, and the store's directory), and the verifier is not run. Linked from the
+            model's ``feature_store`` by the CLI.
         gamma: the drafter's window (linked from the model by the CLI; the module cuts the windows).
     """
 

@@ -109,8 +109,8 @@ class DFlashDrafterTraining(VerifierFeatureTraining):
         overwrite_export: bool = False,
     ) -> None:
         super().__init__()
+        self._check_objective(objective, targets, loss_decay)
         self.save_hyperparameters()
-        self._check_objective(objective, targets)
         frozen = load_verifier(verifier, dtype=torch.float32)
         self._hold_verifier(frozen)  # not a submodule: frozen, shared, never checkpointed
         if init_from:

@@ -8,9 +8,11 @@ streak-distillation, METHOD.md §5).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from ..feature_store import FeatureStore
+from ..feature_store import FeatureStore, FeatureStoreError
 from .losses import masked_ce_loss, streak_loss
 from .slice_drafter import SharedEmbeddingDrafterTraining, block_targets, sample_block_starts
 
@@ -28,10 +30,10 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
 
     window: int
 
-    def _check_objective(self, objective: str, targets: str) -> None:
+    def _check_objective(self, objective: str, targets: str, loss_decay: float | None = None) -> None:
         if objective not in FEATURE_OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(FEATURE_OBJECTIVES)}, got {objective!r}")
-        if self.hparams.get("loss_decay") and objective != "masked_ce":
+        if loss_decay and objective != "masked_ce":
             raise ValueError(f"loss_decay weights masked_ce's positions; objective {objective!r} takes none")
         if targets not in ("corpus", "verifier"):
             raise ValueError(f"targets must be 'corpus' or 'verifier', got {targets!r}")
@@ -101,6 +103,14 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
         feature store, else the verifier's read (then stored, when the run keeps a store)."""
         ids, lengths = batch["input_ids"], batch["lengths"]
         if "features" in batch:
+            # only a store this module opened, and so checked against its verifier and layers
+            store = self.feature_store()
+            if store is None or os.path.abspath(store.root) != os.path.abspath(batch["feature_store"]):
+                raise FeatureStoreError(
+                    f"the data module streams features from {batch['feature_store']}, which this module "
+                    f"did not open (its feature_store is {self.hparams.get('feature_store')!r}); give "
+                    f"both the same feature_store (the CLI links them)"
+                )
             return batch["features"].to(ids.device, torch.float32), batch["greedy"]
         feats, greedy = self.verifier_features(ids, lengths)
         store = self.feature_store()

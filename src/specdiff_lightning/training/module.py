@@ -224,8 +224,12 @@ class DrafterDistillation(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ------------------------------------------------------------------ predict
+    #: whether this predict run has warned that speculation lost to plain decoding (once a run)
+    _warned_slower = False
+
     def on_predict_start(self) -> None:
         self.eval()
+        self._warned_slower = False
 
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
         """Decode every prompt of the batch (one at a time for now); returns one row per prompt
@@ -261,6 +265,7 @@ class DrafterDistillation(L.LightningModule):
                 "speedup": None,
                 "config_hash": cfg.config_hash(),
             }
+            plain_tps = None  # this prompt's plain decoding, where the run times it
             if self.hparams.baseline:
                 base, base_wall = timed(
                     lambda g, ids=ids: verifier_generate(
@@ -271,17 +276,17 @@ class DrafterDistillation(L.LightningModule):
                 )
                 base_new = base.stats.new_tokens
                 row.update(baseline_wall_time=base_wall, baseline_new_tokens=base_new)
-                if stats.new_tokens > 1 and base_new > 1:
-                    row["speedup"] = throughput(stats.new_tokens, wall) / throughput(base_new, base_wall)
+                plain_tps = throughput(base_new, base_wall) if base_new > 1 else None
+                if stats.new_tokens > 1 and plain_tps is not None:
+                    row["speedup"] = throughput(stats.new_tokens, wall) / plain_tps
             # once per run: a decode slower than plain decoding (this prompt's, where it was timed)
-            if not getattr(self, "_warned_slower", False):
-                plain = row.get("baseline_new_tokens")
+            if not self._warned_slower:
                 self._warned_slower = warn_if_slower_than_plain(
                     throughput(stats.new_tokens, wall),
                     self.verifier,
                     ids.shape[1] + stats.new_tokens // 2,
                     stats.mean_accepted,
-                    plain_tokens_per_s=throughput(plain, row["baseline_wall_time"]) if plain else None,
+                    plain_tokens_per_s=plain_tps,
                     tree_auto=cfg.tree == "auto",
                 )
             rows.append(row)
