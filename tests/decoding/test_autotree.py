@@ -8,7 +8,7 @@ import torch
 
 from helpers import NoisyOracleDrafter, make_pair, reference_greedy
 from specdiff_lightning import speculative_generate
-from specdiff_lightning.decoding.autotree import AutoTreeDrafter, choose_tree_size
+from specdiff_lightning.decoding.autotree import AutoTreeDrafter, TreeChoice, choose_tree_size
 from specdiff_lightning.decoding.calibration import (
     calibration_key,
     cost_model_for,
@@ -48,6 +48,11 @@ def test_choose_tree_size_pays_only_for_likely_nodes():
     assert choose_tree_size(probs, cheap, 100, drafting_ms=1.0).nodes >= 4
     plain = choose_tree_size(probs, dear, 100, drafting_ms=1.0)
     assert plain.nodes == 0 and plain.gain < 1.0
+    # A slow drafting round (a busy machine) is charged to the drafted trees, not to plain decoding:
+    # a tree its own model says is slower than plain decoding is never chosen.
+    slow = choose_tree_size([0.6, 0.5], _flat(10.0, 10.0), 16, drafting_ms=40.0)
+    assert slow.nodes == 0 and slow.gain < 1.0 and slow.rate == pytest.approx(1 / 10.0)
+    assert choose_tree_size([], cheap, 100, drafting_ms=1.0) == TreeChoice(0, 1.0, 1 / 10.0, 0.0)
 
 
 def test_cost_model_is_measured_once_cached_and_rebuilt_when_stale_or_corrupt(tmp_path):

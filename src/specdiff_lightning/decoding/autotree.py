@@ -135,17 +135,23 @@ def choose_tree_size(
     probs: list[float], cost: CostModel, context: int, drafting_ms: float, max_nodes: int | None = None
 ) -> TreeChoice:
     """The number of nodes to verify, given the candidates' acceptance probabilities in the order
-    they would join (most probable first): the n maximising ``(1 + sum probs[:n]) / (c(n+1) + d)``."""
+    they would join (most probable first): the n >= 1 maximising ``(1 + sum probs[:n]) /
+    (c(n+1) + d)``, or none (plain decoding: one token a ``c(1)``, with no drafting) where that
+    rate is not above plain decoding's. ``gain``: the best drafted rate over plain decoding's (at
+    most 1 when the round verifies the pending token alone; 0 with no candidates)."""
     limit = len(probs) if max_nodes is None else min(len(probs), max_nodes)
+    step = cost.step_cost(context)
     best, total = None, 1.0
-    for n in range(limit + 1):
-        if n:
-            total += probs[n - 1]
+    for n in range(1, limit + 1):
+        total += probs[n - 1]
         rate = total / (cost.verifier_cost(n + 1, context) + drafting_ms)
         if best is None or rate > best.rate:
-            best = TreeChoice(n, total, rate, 0.0)
-    step = cost.step_cost(context)
-    return TreeChoice(best.nodes, best.expected_tokens, best.rate, best.rate * step)
+            best = TreeChoice(n, total, rate, rate * step)
+    # Drafting's time counts against drafted rounds only: a plain round does not draft. (Charging it
+    # to plain decoding too let a slow drafting measurement pick trees slower than plain decoding.)
+    if best is None or best.gain <= 1.0:  # a tie goes to plain decoding, as before
+        return TreeChoice(0, 1.0, 1.0 / step, 0.0 if best is None else best.gain)
+    return best
 
 
 class AutoTreeDrafter(DrafterWrapper):
@@ -346,7 +352,7 @@ class AutoTreeDrafter(DrafterWrapper):
 
     def _pace(self, choice: TreeChoice) -> None:
         """Skip the drafter for a while when drafting has not paid for ``patience`` rounds."""
-        if choice.gain >= 1.0:
+        if choice.nodes > 0:  # chosen only where it beats plain decoding
             self._losing, self._backoff = 0, 1
             return
         self._losing += 1
