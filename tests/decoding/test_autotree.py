@@ -8,7 +8,7 @@ import torch
 
 from helpers import NoisyOracleDrafter, make_pair, reference_greedy
 from specdiff_lightning import speculative_generate
-from specdiff_lightning.decoding.autotree import AutoTreeDrafter, TreeChoice, choose_tree_size
+from specdiff_lightning.decoding.autotree import AutoTreeDrafter, DraftGate, TreeChoice, choose_tree_size
 from specdiff_lightning.decoding.calibration import (
     calibration_key,
     cost_model_for,
@@ -104,7 +104,9 @@ def test_cheap_nodes_grow_trees_and_learn_the_acceptance():
     verifier = tiny_model("qwen2", vocab_size=48, seed=4, dtype=torch.float64)
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
     ref = reference_greedy(verifier, prompt, 40)
-    drafter = AutoTreeDrafter(NoisyOracleDrafter(verifier, noise=0.1), _flat(10.0, 0.01))
+    # the sizing alone (the gate, which would spend rounds trying the context's drafts alone, is
+    # tested apart below)
+    drafter = AutoTreeDrafter(NoisyOracleDrafter(verifier, noise=0.1), _flat(10.0, 0.01), gate_drafter=False)
     out = speculative_generate(
         verifier, drafter, prompt, max_new_tokens=40, gamma=6, temperature=0, eos_token_id=[]
     )
@@ -185,3 +187,40 @@ def test_bench_flags_speculative_rows_slower_than_plain_decoding():
         "slower than plain decoding" in rows[1]["warnings"][0] and "rarely accepted" in rows[1]["warnings"][0]
     )
     assert rows[2]["warnings"] == []
+
+
+def test_the_gate_tries_both_arms_then_takes_the_faster_and_still_explores():
+    gate = DraftGate(tries=2, explore=4)
+    t, length = 0.0, 10
+
+    def round_of(drafted, tokens, ms):
+        nonlocal t, length
+        gate.start(1, drafted, length, t)
+        t, length = t + ms / 1e3, length + tokens
+        gate.settle(length, t)
+
+    assert gate.choose(1) is True  # the drafter first
+    for _ in range(2):
+        round_of(True, 3, 30.0)  # 0.1 tokens/ms
+    assert gate.choose(1) is False  # then the context's drafts alone, as often
+    for _ in range(2):
+        round_of(False, 2, 10.0)  # 0.2 tokens/ms: faster
+    picks = [gate.choose(1) for _ in range(8)]
+    assert picks.count(False) == 6 and picks.count(True) == 2  # the faster arm, the other every 4th
+    assert gate.rate(1, False) == pytest.approx(0.2) and gate.rate(2, True) is None
+    gate.start(1, True, length, t)
+    gate.clear()  # a new sequence: the gap is not a round
+    gate.settle(length + 50, t + 1.0)
+    assert gate.rate(1, True) == pytest.approx(0.1)
+
+
+def test_a_gated_auto_tree_stays_exact_and_counts_its_rounds():
+    verifier = tiny_model("qwen2", vocab_size=48, seed=4, dtype=torch.float64)
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 3, 1, 4]])
+    ref = reference_greedy(verifier, prompt, 60)
+    drafter = AutoTreeDrafter(NoisyOracleDrafter(verifier, noise=0.1), _flat(10.0, 0.01))
+    out = speculative_generate(
+        verifier, drafter, prompt, max_new_tokens=60, gamma=6, temperature=0, eos_token_id=[]
+    )
+    assert torch.equal(out.sequences, ref)
+    assert drafter.counts["drafted"] > 0 and sum(drafter.gate.rounds.values()) > 0

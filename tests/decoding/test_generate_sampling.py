@@ -97,6 +97,26 @@ def test_greedy_acceptance_of_adaptive_and_lookup_drafts_is_exact(verifier, draf
     _assert_exact(counts, probs)
 
 
+def test_greedy_acceptance_of_auto_trees_with_corpus_copies_is_exact(verifier, drafter):
+    """tree: auto with a datastore whose continuations match the context often (every short
+    sequence over the 5 ids), a gated drafter and nearly free nodes: still the verifier's law."""
+    import itertools
+
+    from specdiff_lightning.decoding import TokenDatastore
+    from specdiff_lightning.decoding.autotree import AutoTreeDrafter
+    from specdiff_lightning.decoding.costmodel import CostModel
+
+    store = TokenDatastore(
+        [list(s) for s in itertools.product(range(VOCAB), repeat=3)] * 2 + [[1, 2, 0, 3, 3, 1]]
+    )
+    row = [10.0 + 0.01 * (n - 1) for n in (1, 2, 4, 8, 16)]
+    auto = AutoTreeDrafter(drafter, CostModel([1, 2, 4, 8, 16], [4, 64], [row, row], {}), datastore=store)
+    probs = exact_sequence_probs(verifier, PROMPT, LENGTH)
+    counts = _speculative_counts(verifier, auto, acceptance="greedy", num_drafts=2, draft_temperature=0.9)
+    _assert_exact(counts, probs)
+    assert sum(c[1] for cell, c in auto.calibration.cells.items() if cell[0] == "store") > 100  # they joined
+
+
 def test_exact_under_temperature_and_top_p(verifier, drafter):
     """p is the verifier's distribution after its warpers, and that is what stays exact."""
     warp = dict(temperature=0.8, top_p=0.9)

@@ -14,6 +14,7 @@ from .acceptance import (
     get_acceptance_rule,
 )
 from .adaptive import AdaptiveDrafter, confident_lengths
+from .datastore import TokenDatastore, load_datastore
 from .drafting import Drafter, DrafterWrapper, Proposal, sample_from_marginals
 from .generate import speculative_generate, verifier_generate
 from .lookup import LookupAugmentedDrafter, lookup_continuations
@@ -34,6 +35,7 @@ __all__ = [
     "GenerationOutput",
     "GreedyAcceptance",
     "LookupAugmentedDrafter",
+    "TokenDatastore",
     "Proposal",
     "RecursiveAcceptance",
     "RoundStats",
@@ -51,6 +53,7 @@ __all__ = [
     "get_acceptance_rule",
     "logits_to_probs",
     "lookup_continuations",
+    "load_datastore",
     "path_probs",
     "sample_from_marginals",
     "sample_tokens",

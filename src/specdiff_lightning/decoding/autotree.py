@@ -1,11 +1,13 @@
 """Draft trees sized each round for this machine (``tree: auto``).
 
 Every round the drafter's marginals and the context offer candidate nodes: the drafter's mode
-chain, its runner-up tokens at every depth (hanging off the mode prefix), and copies of what followed
-earlier occurrences of the context's last n-gram. Each candidate gets an estimated probability that
+chain, its runner-up tokens at every depth (hanging off the mode prefix), copies of what followed
+earlier occurrences of the context's last n-gram, and, given a datastore, the continuations of the
+context's longest suffix in a corpus of the verifier's answers (:mod:`.datastore`). Each candidate gets an estimated probability that
 the verifier accepts the path to it: the product, along the path, of per-token acceptance
 probabilities *calibrated against the acceptance this drafter actually gets* (an online table
-keyed by the drafter's own probability, the depth, and, for copies, the n-gram matched). The
+keyed by the drafter's own probability, the depth, for copies the n-gram matched, for corpus
+continuations their frequency there and the suffix length matched). The
 verifier's cost of a tree of n nodes comes from the machine's :class:`~.costmodel.CostModel`, and
 a drafting round's cost is measured as the loop runs. The round verifies the n most probable nodes
 (a prefix-closed set: a child is never more probable than its parent) for the n that maximises
@@ -15,7 +17,9 @@ a drafting round's cost is measured as the loop runs. The round verifies the n m
 (Sequoia's hardware-aware sizing, EAGLE-2's confidence-ranked dynamic trees). n = 0 verifies the
 pending token alone: plain decoding. When several rounds in a row find that nothing beats plain
 decoding, the drafter itself is skipped for a few rounds (doubling while it keeps losing), so the loop
-is never slower than plain decoding by more than its bookkeeping and an occasional probe.
+is never slower than plain decoding by more than its bookkeeping and an occasional probe. The context's
+candidates cost a lookup and the drafter's a forward, so the cheap ones are gathered first, and a
+:class:`DraftGate` learns from realised rates whether, at what they promise, the drafter pays.
 
 Drafts chosen this way are chosen knowing the drafter's marginals, so only q-free (``greedy``)
 acceptance may verify them; it stays lossless for any choice of drafts (METHOD.md §4).
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .costmodel import CostModel
+from .datastore import TokenDatastore
 from .drafting import Drafter, DrafterWrapper, Proposal
 from .lookup import lookup_matches
 from .timing import now
@@ -52,12 +57,17 @@ def _q_bin(q: float) -> int:
     return sum(q >= e for e in _Q_EDGES)
 
 
+def _ngram_bucket(ngram: int) -> int:
+    return ngram if ngram <= 2 else 3 if ngram <= 4 else 5
+
+
 class AcceptanceCalibration:
     """How often draft nodes were accepted, by what predicted them; learned online.
 
     A cell holds ``[accepted, reached]`` counts (reached: the verifier scored the node with its parent
     accepted). An estimate is ``(accepted + w * prior) / (reached + w)``, the prior being the drafter's
-    own probability for drafter tokens and :data:`COPY_PRIOR` for copies."""
+    own probability for drafter tokens, :data:`COPY_PRIOR` for copies, and a corpus continuation's
+    frequency there (shrunk: ``count / (parent's count + 1)``, so one occurrence is not a certainty)."""
 
     def __init__(self) -> None:
         self.cells: dict[tuple, list[float]] = {}
@@ -70,6 +80,10 @@ class AcceptanceCalibration:
     def copy_cell(ngram: int, depth: int) -> tuple:
         return ("copy", min(ngram, 3), _depth_bucket(depth))
 
+    @staticmethod
+    def store_cell(frequency: float, ngram: int, depth: int) -> tuple:
+        return ("store", _ngram_bucket(ngram), _depth_bucket(depth), _q_bin(frequency))
+
     def estimate(self, cell: tuple, prior: float) -> float:
         accepted, reached = self.cells.get(cell, (0.0, 0.0))
         return (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
@@ -81,6 +95,10 @@ class AcceptanceCalibration:
     def copy(self, ngram: int, depth: int) -> tuple[float, tuple]:
         cell = self.copy_cell(ngram, depth)
         return self.estimate(cell, COPY_PRIOR[min(ngram, 3)]), cell
+
+    def store(self, frequency: float, ngram: int, depth: int) -> tuple[float, tuple]:
+        cell = self.store_cell(frequency, ngram, depth)
+        return self.estimate(cell, frequency), cell
 
     def record(self, cell: tuple, accepted: bool) -> None:
         counts = self.cells.setdefault(cell, [0.0, 0.0])
@@ -154,6 +172,67 @@ def choose_tree_size(
     return best
 
 
+class DraftGate:
+    """Whether a round pays for the drafter, learnt from the rates rounds actually realise.
+
+    Copies from the context and the datastore cost a lookup; the drafter costs a forward. Where the
+    cheap candidates already promise much (a long copy, a frequent corpus continuation), the
+    drafter's nodes may add less than its forward costs. Each round is put in a bucket by the
+    expected tokens of the best tree of the cheap candidates alone, and the gate compares, per
+    bucket, the tokens per millisecond realised by rounds that drafted and rounds that did not
+    (from one round's start to the next's: lookups, drafting, the verifier's forward, acceptance).
+    Each arm is tried ``tries`` times first; then the better one is taken, the other every
+    ``explore``-th time, and old rounds fade (``decay``), as the acceptance table keeps learning."""
+
+    #: bucket edges of the expected tokens a round of the cheap candidates alone would emit
+    EDGES = (1.05, 1.5, 2.0, 3.0)
+
+    def __init__(self, tries: int = 3, explore: int = 16, decay: float = 0.97) -> None:
+        self.tries = tries
+        self.explore = explore
+        self.decay = decay
+        #: (bucket, drafted) -> [tokens, ms] (faded) and the rounds recorded
+        self.rates: dict[tuple[int, bool], list[float]] = {}
+        self.rounds: dict[tuple[int, bool], int] = {}
+        self.visits: dict[int, int] = {}
+        self._pending: tuple[int, bool, int, float] | None = None
+
+    def bucket(self, expected_tokens: float) -> int:
+        return sum(expected_tokens >= e for e in self.EDGES)
+
+    def rate(self, bucket: int, drafted: bool) -> float | None:
+        tokens, ms = self.rates.get((bucket, drafted), (0.0, 0.0))
+        return tokens / ms if ms > 0 else None
+
+    def choose(self, bucket: int) -> bool:
+        """True: draft this round."""
+        for drafted in (True, False):
+            if self.rounds.get((bucket, drafted), 0) < self.tries:
+                return drafted
+        self.visits[bucket] = self.visits.get(bucket, 0) + 1
+        better = self.rate(bucket, True) >= self.rate(bucket, False)
+        return better if self.visits[bucket] % self.explore else not better
+
+    def start(self, bucket: int, drafted: bool, length: int, at: float) -> None:
+        """A round of ``bucket`` began at ``at`` (seconds) with ``length`` tokens of context."""
+        self._pending = (bucket, drafted, length, at)
+
+    def settle(self, length: int, at: float) -> None:
+        """The next round begins: the pending round emitted ``length`` minus its context's tokens."""
+        if self._pending is not None:
+            bucket, drafted, before, began = self._pending
+            if length > before and at > began:
+                cell = self.rates.setdefault((bucket, drafted), [0.0, 0.0])
+                cell[0] = self.decay * cell[0] + (length - before)
+                cell[1] = self.decay * cell[1] + (at - began) * 1e3
+                self.rounds[(bucket, drafted)] = self.rounds.get((bucket, drafted), 0) + 1
+        self._pending = None
+
+    def clear(self) -> None:
+        """A new sequence: the time since the last round is not a round's."""
+        self._pending = None
+
+
 class AutoTreeDrafter(DrafterWrapper):
     """``base``'s drafts as a tree sized each round by ``cost`` and calibrated confidences.
 
@@ -165,6 +244,13 @@ class AutoTreeDrafter(DrafterWrapper):
         branch_width: runner-up tokens offered at each depth.
         num_lookups: context copies offered (distinct runs after the last n-gram's matches).
         max_ngram: the longest suffix n-gram searched for copies.
+        datastore: a :class:`~.datastore.TokenDatastore` (e.g. the distillation corpus's answers)
+            whose continuations of the context's longest suffix join as candidates; None: none.
+        store_nodes: the most frequent continuation nodes offered from the datastore.
+        store_sample: occurrences of the matched suffix sampled for those continuations.
+        store_depth: the longest continuation offered (at most the draft window).
+        gate_drafter: let a :class:`DraftGate` skip the drafter on rounds where the context's and
+            the datastore's candidates alone realise more tokens a second (False: always draft).
         max_nodes: the largest tree considered (default: the largest the cost model measured).
         patience: rounds in a row that find nothing beating plain decoding before the drafter is
             skipped; it is then skipped 1, 2, 4, ... up to ``max_skip`` rounds between probes.
@@ -178,6 +264,11 @@ class AutoTreeDrafter(DrafterWrapper):
         branch_width: int = 3,
         num_lookups: int = 2,
         max_ngram: int = 3,
+        datastore: TokenDatastore | None = None,
+        store_nodes: int = 24,
+        store_sample: int = 64,
+        store_depth: int = 8,
+        gate_drafter: bool = True,
         max_nodes: int | None = None,
         patience: int = 2,
         max_skip: int = 32,
@@ -189,10 +280,22 @@ class AutoTreeDrafter(DrafterWrapper):
                 "branch_width and num_lookups must be >= 0, max_ngram, patience and max_skip >= 1; got "
                 f"{branch_width}, {num_lookups}, {max_ngram}, {patience}, {max_skip}"
             )
+        if store_nodes < 1 or store_sample < 1 or store_depth < 1:
+            raise ValueError(
+                f"store_nodes, store_sample and store_depth must be >= 1; got {store_nodes}, {store_sample}, "
+                f"{store_depth}"
+            )
         self.cost = cost
         self.branch_width = int(branch_width)
         self.num_lookups = int(num_lookups)
         self.max_ngram = int(max_ngram)
+        self.datastore = datastore
+        self.store_nodes = int(store_nodes)
+        self.store_sample = int(store_sample)
+        self.store_depth = int(store_depth)
+        self.gated = bool(gate_drafter)
+        self.gate = DraftGate()
+        self.lookup_ms: float | None = None  # running estimate of the context's lookups
         self.max_nodes = int(max_nodes) if max_nodes is not None else int(cost.nodes[-1])
         self.patience = int(patience)
         self.max_skip = int(max_skip)
@@ -203,12 +306,14 @@ class AutoTreeDrafter(DrafterWrapper):
     def reset(self) -> None:
         super().reset()
         self._last: tuple[int, _Trie] | None = None
+        self.gate.clear()
         self._losing = 0
         self._skip = 0
         self._backoff = 1
-        #: this sequence's rounds verified with drafts, with nothing worth verifying, and with the
-        #: drafter skipped (the last two: plain decoding)
-        self.counts = {"drafted": 0, "plain": 0, "skipped": 0}
+        #: this sequence's rounds verified with the drafter's and the context's drafts, with the
+        #: context's alone (the gate skipped the drafter), with nothing worth verifying, and with
+        #: the drafter skipped for losing (the last two: plain decoding)
+        self.counts = {"drafted": 0, "undrafted": 0, "plain": 0, "skipped": 0}
 
     # ------------------------------------------------------------------ learning
     def _learn(self, context: list[int]) -> None:
@@ -233,8 +338,21 @@ class AutoTreeDrafter(DrafterWrapper):
             node = nxt
 
     # ------------------------------------------------------------------ candidates
-    def _candidates(self, proposal: Proposal, context: list[int], gamma: int) -> _Trie:
-        trie = _Trie()
+    def _context_candidates(self, trie: _Trie, context: list[int], gamma: int) -> None:
+        """Copies from the context and the datastore's continuations: no drafter needed."""
+        cal = self.calibration
+        if self.num_lookups:
+            for ngram, run in lookup_matches(context, gamma, self.max_ngram, limit=self.num_lookups):
+                parent, path = -1, 1.0
+                for i, token in enumerate(run):
+                    a, cell = cal.copy(ngram, i + 1)
+                    path *= a
+                    parent = trie.add(parent, token, path, cell)
+        if self.datastore is not None:
+            self._store_candidates(trie, context, gamma)
+
+    def _drafter_candidates(self, trie: _Trie, proposal: Proposal) -> None:
+        """The drafter's mode chain, its runner-ups at every depth and the K sampled drafts."""
         cal = self.calibration
         length = int(proposal.draft_lengths()[0, 0])
         if proposal.logits is not None:
@@ -267,14 +385,21 @@ class AutoTreeDrafter(DrafterWrapper):
                     a, cell = cal.drafter(qj, j + 1, token != tokens[j][0])
                     path *= a
                     parent = trie.add(parent, token, path, cell)
-        if self.num_lookups:
-            for ngram, run in lookup_matches(context, gamma, self.max_ngram, limit=self.num_lookups):
-                parent, path = -1, 1.0
-                for i, token in enumerate(run):
-                    a, cell = cal.copy(ngram, i + 1)
-                    path *= a
-                    parent = trie.add(parent, token, path, cell)
-        return trie
+
+    def _store_candidates(self, trie: _Trie, context: list[int], gamma: int) -> None:
+        """The datastore's most frequent continuations of the context's longest stored suffix."""
+        match = self.datastore.lookup(context, min(gamma, self.store_depth), self.store_sample)
+        if match is None:
+            return
+        counts = match.counts
+        # a path is never more frequent than its prefix, and ties go to the shorter: prefix-closed
+        paths = sorted(counts, key=lambda path: (-counts[path], len(path)))[: self.store_nodes]
+        nodes: dict[tuple[int, ...], tuple[int, float]] = {}
+        for path in sorted(paths, key=len):
+            parent, above = (-1, 1.0) if len(path) == 1 else nodes[path[:-1]]
+            frequency = counts[path] / (match.parent_count(path) + 1)
+            a, cell = self.calibration.store(frequency, match.ngram, len(path))
+            nodes[path] = (trie.add(parent, path[-1], above * a, cell), above * a)
 
     @staticmethod
     def _ranked(trie: _Trie) -> list[int]:
@@ -319,36 +444,69 @@ class AutoTreeDrafter(DrafterWrapper):
             raise ValueError("tree: auto sizes one sequence's tree at a time (batch size 1)")
         context = input_ids[0].tolist()
         first = not any(self.counts.values())  # this sequence's first round
+        start = now(input_ids.device)
         self._learn(context)
+        self.gate.settle(len(context), start)
         if self._skip > 0:
             self._skip -= 1
             self.counts["skipped"] += 1
             return self._plain(input_ids)
-        start = now(input_ids.device)
-        proposal = self.base.propose(input_ids, gamma, num_drafts, temperature, generator)
-        elapsed = (now(input_ids.device) - start) * 1e3
-        # the first round of a sequence also fills the drafter's prefix cache: not a typical round
-        if self.drafting_ms is None:
-            self.drafting_ms = elapsed
-        elif not first:
-            self.drafting_ms = 0.7 * self.drafting_ms + 0.3 * elapsed
-        trie = self._candidates(proposal, context, gamma)
+        trie = _Trie()
+        self._context_candidates(trie, context, gamma)
+        lookup_ms = (now(input_ids.device) - start) * 1e3
+        self.lookup_ms = lookup_ms if self.lookup_ms is None else 0.7 * self.lookup_ms + 0.3 * lookup_ms
         ranked = self._ranked(trie)
+        bucket = None
+        if self.gated:
+            # what the context's candidates alone promise decides, from the rates realised so far
+            # at that promise, whether this round pays for the drafter too (with none, the other
+            # arm is plain decoding)
+            alone = choose_tree_size(
+                [trie.nodes[i].prob for i in ranked],
+                self.cost,
+                len(context),
+                self.lookup_ms,
+                self.max_nodes - 1,
+            )
+            bucket = self.gate.bucket(alone.expected_tokens if alone.nodes else 1.0)
+        drafts = bucket is None or self.gate.choose(bucket)
+        if drafts:
+            begin = now(input_ids.device)
+            proposal = self.base.propose(input_ids, gamma, num_drafts, temperature, generator)
+            self._drafter_candidates(trie, proposal)
+            elapsed = (now(input_ids.device) - begin) * 1e3
+            # the first round of a sequence also fills the drafter's prefix cache: not a typical round
+            if self.drafting_ms is None:
+                self.drafting_ms = elapsed
+            elif not first:
+                self.drafting_ms = 0.7 * self.drafting_ms + 0.3 * elapsed
+            ranked = self._ranked(trie)
+        else:
+            proposal = self._window(input_ids, gamma)
         choice = choose_tree_size(
             [trie.nodes[i].prob for i in ranked],
             self.cost,
             len(context),
-            self.drafting_ms,
+            self.lookup_ms + (self.drafting_ms if drafts else 0.0),
             self.max_nodes - 1,
         )
+        if bucket is not None and not first:  # the first round's time holds the prefill's catch-up
+            self.gate.start(bucket, drafts, len(context), start)
         self._pace(choice)
         if choice.nodes == 0:
             self.counts["plain"] += 1
             return self._plain(input_ids)
         chosen = ranked[: choice.nodes]
         self._last = (len(context), _subtrie(trie, chosen))
-        self.counts["drafted"] += 1
+        self.counts["drafted" if drafts else "undrafted"] += 1
         return self._drafts(trie, chosen, proposal)
+
+    def _window(self, input_ids: torch.Tensor, gamma: int) -> Proposal:
+        """An empty window of ``gamma`` (the drafts of a round the drafter sat out are the context's)."""
+        vocab = self.base.proposal_vocab_size
+        tokens = torch.zeros(1, 1, gamma, dtype=torch.long, device=input_ids.device)
+        q = torch.zeros(1, 1, 1, vocab, device=input_ids.device).expand(1, 1, gamma, vocab)
+        return Proposal(tokens, q, exact_q=False)
 
     def _pace(self, choice: TreeChoice) -> None:
         """Skip the drafter for a while when drafting has not paid for ``patience`` rounds."""
@@ -376,26 +534,37 @@ def _subtrie(trie: _Trie, chosen: list[int]) -> _Trie:
     return out
 
 
-#: the auto-tree wrapper of each drafter, so its acceptance table and drafting-cost estimate carry
-#: over from one generate call to the next (a weak key: it goes with the drafter)
+#: the auto-tree wrappers of each drafter, one per datastore, so their acceptance table (shared),
+#: drafting-cost estimates and gates carry over from one generate call to the next (a weak key: they
+#: go with the drafter)
 _WRAPPERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def auto_tree(drafter: Drafter, verifier: torch.nn.Module, **options) -> AutoTreeDrafter:
+def auto_tree(
+    drafter: Drafter, verifier: torch.nn.Module, datastore: TokenDatastore | None = None, **options
+) -> AutoTreeDrafter:
     """``drafter`` wrapped to size its trees for ``verifier`` on this machine: the cost model comes
     from :func:`~.calibration.cost_model_for` (measured once per machine, model and dtype), and the
-    wrapper is reused across calls with the same drafter and cost model, so it keeps learning."""
+    wrapper is reused across calls with the same drafter, cost model and ``datastore``, so it keeps
+    learning (wrappers of one drafter share one acceptance table)."""
     from .calibration import cost_model_for
 
     if isinstance(drafter, AutoTreeDrafter):
         return drafter
     cost = cost_model_for(verifier)
-    cached = _WRAPPERS.get(drafter)
-    if cached is not None and cached.cost is cost and not options:
+    wrappers = _WRAPPERS.setdefault(drafter, {})
+    key = None if datastore is None else id(datastore)
+    cached = wrappers.get(key)
+    if cached is not None and cached.cost is cost and cached.datastore is datastore and not options:
         return cached
+    shared = next(iter(wrappers.values()), None)
     wrapper = AutoTreeDrafter(
-        drafter, cost, calibration=cached.calibration if cached is not None else None, **options
+        drafter,
+        cost,
+        datastore=datastore,
+        calibration=shared.calibration if shared is not None else None,
+        **options,
     )
     if not options:
-        _WRAPPERS[drafter] = wrapper
+        wrappers[key] = wrapper
     return wrapper

@@ -38,6 +38,11 @@ class DecodingConfig:
         decoding:                     # a fixed shape (ablations)
           tree: {min_confidence: 0.1, siblings: [0]}
           lookup: {num_lookups: 2, ngram_lengths: {1: 2, 2: 5}}
+
+    ``datastore`` (``tree: auto`` only): a corpus file of the verifier's answers (``.parquet`` or
+    ``.jsonl`` records with ``continuation_ids``, as ``generate-corpus`` writes; e.g. the drafter's
+    distillation corpus) whose continuations of the context's longest suffix join each round's
+    candidates (:mod:`~specdiff_lightning.decoding.datastore`); null: none.
     """
 
     max_new_tokens: int = 128
@@ -51,6 +56,7 @@ class DecodingConfig:
     seed: int = 0
     tree: dict | str | None = "auto"
     lookup: bool | dict = False
+    datastore: str | None = None
 
     def __post_init__(self) -> None:
         from .acceptance import get_acceptance_rule
@@ -79,6 +85,20 @@ class DecodingConfig:
                 raise ValueError(
                     "decoding.lookup shapes a fixed tree (decoding.tree: a mapping or null); tree: auto "
                     "offers context copies itself. Drop decoding.lookup, or give a fixed decoding.tree"
+                )
+        if self.datastore is not None:
+            from pathlib import Path
+
+            if self.tree != "auto":
+                raise ValueError(
+                    "decoding.datastore joins the trees that tree: auto sizes; with a fixed decoding.tree "
+                    "its continuations have no place. Use tree: auto, or set datastore: null"
+                )
+            if not Path(self.datastore).is_file():
+                raise ValueError(
+                    f"decoding.datastore {self.datastore!r} does not exist; point it at a corpus file "
+                    "(.parquet or .jsonl records with continuation_ids, as generate-corpus writes), or "
+                    "set it to null"
                 )
 
     def with_gamma(self, gamma: int) -> DecodingConfig:

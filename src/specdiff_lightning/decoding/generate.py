@@ -10,7 +10,8 @@ from torch import nn
 
 from .acceptance import AcceptanceRule, Verdict, get_acceptance_rule
 from .attention import check_custom_mask_support
-from .autotree import auto_tree
+from .autotree import AutoTreeDrafter, auto_tree
+from .datastore import TokenDatastore, load_datastore
 from .drafting import Drafter, DrafterWrapper
 from .sampling import logits_to_probs, restrict_vocab, sample_tokens
 from .stats import DecodingStats, GenerationOutput, RoundStats
@@ -19,7 +20,7 @@ from .tree import build_tree, tree_probs
 from .validation import check_context, check_prompt, check_sampling, check_verifier_dtypes, check_vocab
 from .verifier import TreeVerifier
 
-__all__ = ["speculative_generate", "verifier_generate", "check_tree", "TREE_CHOICES"]
+__all__ = ["speculative_generate", "verifier_generate", "check_tree", "check_datastore", "TREE_CHOICES"]
 
 
 def _eos_set(verifier: nn.Module, eos_token_id: int | list[int] | None) -> set[int]:
@@ -78,12 +79,39 @@ def check_tree(tree, rule: AcceptanceRule) -> None:
         )
 
 
-def _shaped(drafter: Drafter, verifier: nn.Module, tree) -> Drafter:
+def check_datastore(datastore, tree, drafter: Drafter, vocab: int) -> TokenDatastore | None:
+    """The datastore (loaded from a path once per process), or a clear error where it cannot join:
+    only ``tree='auto'`` sizes its continuations in, and its ids must fit the vocabulary."""
+    if datastore is None:
+        return None
+    if tree != "auto" or (isinstance(drafter, DrafterWrapper) and not isinstance(drafter, AutoTreeDrafter)):
+        raise ValueError(
+            "datastore continuations join the tree that tree='auto' sizes each round; with "
+            f"tree={tree!r} or a drafter already shaped ({type(drafter).__name__}) they have no place. "
+            "Use tree='auto' with the plain drafter, or drop datastore"
+        )
+    store = load_datastore(datastore)
+    if store.vocab_limit > vocab:
+        raise ValueError(
+            f"datastore {store.source} holds token id {store.vocab_limit - 1}, outside the verifier's "
+            f"vocabulary of {vocab}: it was written with another tokenizer. Build it from a corpus of "
+            f"this verifier (generate-corpus), or drop datastore"
+        )
+    return store
+
+
+def _shaped(drafter: Drafter, verifier: nn.Module, tree, datastore: TokenDatastore | None = None) -> Drafter:
     """The drafter the loop drafts with: sized by :func:`auto_tree` for ``tree='auto'``, unless the
     caller already shaped it (a :class:`DrafterWrapper`: adaptive cuts, lookups, an auto tree)."""
     if tree is None or isinstance(drafter, DrafterWrapper):
+        if (
+            datastore is not None
+            and isinstance(drafter, AutoTreeDrafter)
+            and drafter.datastore is not datastore
+        ):
+            raise ValueError("this AutoTreeDrafter was built with another datastore; pass it its own")
         return drafter
-    return auto_tree(drafter, verifier)
+    return auto_tree(drafter, verifier, datastore)
 
 
 class _Output:
@@ -194,6 +222,7 @@ def speculative_generate(
     profiler: RoundProfiler | None = None,
     streamer=None,
     tree: str | None = "auto",
+    datastore: TokenDatastore | str | None = None,
 ) -> GenerationOutput:
     """Losslessly decode ``verifier`` with drafts from ``drafter`` (SpecDiff-2, METHOD.md §2–4).
 
@@ -226,6 +255,9 @@ def speculative_generate(
             measured cost; plain decoding when nothing pays); ``greedy`` acceptance only. A drafter
             already wrapped (:class:`AdaptiveDrafter`, :class:`LookupAugmentedDrafter`) keeps its
             shape. None: the drafts as drawn (K windows of gamma), as ``standard`` / ``recursive`` need.
+        datastore: with ``tree='auto'``, a :class:`~.datastore.TokenDatastore` or the path of a
+            corpus file (e.g. the drafter's distillation corpus of the verifier's answers): the
+            continuations of the context's longest suffix there join each round's candidates.
 
     Returns:
         :class:`GenerationOutput` with ``sequences[1, L + new]`` and per-round ``stats``.
@@ -235,7 +267,7 @@ def speculative_generate(
     _check_drafting(gamma, num_drafts, draft_temperature, rule)
     check_tree(tree, rule)
     vocab = check_vocab(verifier, drafter.vocab_size, drafter.vocab_limit)
-    drafter = _shaped(drafter, verifier, tree)
+    drafter = _shaped(drafter, verifier, tree, check_datastore(datastore, tree, drafter, vocab))
 
     drafter.reset()
     out = _Output(input_ids, max_new_tokens, _eos_set(verifier, eos_token_id), streamer, max_time)

@@ -54,6 +54,11 @@ class SmolPreset:
     #: tokens per round: 2.104 with the whole context, 2.104 at 256, 2.087 at 128, 2.082 at 64 (the
     #: verifier's features carry the context the window drops)
     cache_window: int = 256
+    #: the corpus (under the assets) whose continuations join the ``_store`` rows' trees: the
+    #: verifier's answers to 9,000 function prompts, disjoint from HumanEval. Its lookup's settings
+    #: (suffixes of 1-8 tokens, 64 occurrences sampled, continuations of up to 8 tokens) were chosen
+    #: by replaying the verifier's greedy answers to HumanEval 0-19 (the dev split) offline.
+    datastore: str | None = "corpus_dflash_1m.parquet"
     #: K of the self-selection rows: the drafter's mode and its K-1 runner-up first tokens
     num_drafts: int = 4
     cost_contexts: tuple[int, ...] = (200, 400, 600, 800, 1000)
@@ -156,13 +161,23 @@ _ROWS = (
         {},
         {"fast": None},
     ),
+    # tree: auto with the corpus's continuations among the candidates (the shipped pair's default),
+    # in float32 too (exactness), and without them (what the corpus adds)
+    (
+        "specdiff2_fc_auto_store",
+        "SpecDiff-2 conditioned (tree: auto + corpus copies)",
+        "diffusion",
+        {"tree": "auto", "datastore": "corpus"},
+        {"drafter": "conditioned", "role": "specdiff2"},
+        {"fast": None, "float32": 1},
+    ),
     (
         "specdiff2_fc_auto",
         "SpecDiff-2 conditioned (tree: auto)",
         "diffusion",
         {"tree": "auto"},
         {"drafter": "conditioned", "role": "specdiff2"},
-        {"fast": None, "float32": 1},
+        {"fast": None},
     ),
     # The DFlash drafter: transformers' own DFlash loop (a chain) and ours with the same weights.
     (
@@ -174,12 +189,20 @@ _ROWS = (
         {"fast": None},
     ),
     (
+        "specdiff2_dflash_auto_store",
+        "SpecDiff-2 DFlash (tree: auto + corpus copies)",
+        "diffusion",
+        {"tree": "auto", "datastore": "corpus"},
+        {"drafter": "dflash", "role": "specdiff2"},
+        {"fast": None, "float32": 1},
+    ),
+    (
         "specdiff2_dflash_auto",
         "SpecDiff-2 DFlash (tree: auto)",
         "diffusion",
         {"tree": "auto"},
         {"drafter": "dflash", "role": "specdiff2"},
-        {"fast": None, "float32": 1},
+        {"fast": None},
     ),
     (
         "specdiff2_dflash_k1",
@@ -256,9 +279,10 @@ _ROWS = (
 )
 
 
-def smollm2_methods(p: SmolPreset, fast: str = "bfloat16") -> list:
+def smollm2_methods(p: SmolPreset, fast: str = "bfloat16", assets: Path = ASSETS) -> list:
     """The bench rows of a preset (stable keys ``<row>_<fp32|bf16>``); ``fast``: the dtype of the
-    speed rows (a row asked for in both it and float32 runs once when they are the same)."""
+    speed rows (a row asked for in both it and float32 runs once when they are the same). Rows
+    with corpus copies read ``p.datastore`` under ``assets`` (left out where it is None)."""
     from ..bench import BenchMethod
 
     rows = []
@@ -267,11 +291,16 @@ def smollm2_methods(p: SmolPreset, fast: str = "bfloat16") -> list:
         "tree": p.tree,
         "lookups": p.lookups,
         "runner_ups": {"siblings": (0,), "branch_width": p.num_drafts - 1},
+        "corpus": None if p.datastore is None else str(assets / p.datastore),
     }
     for key, label, kind, decoding, options, dtypes in _ROWS:
+        if decoding.get("datastore") and presets[decoding["datastore"]] is None:
+            continue
         # a string names one of the preset's draft-tree settings
         decoding = {
-            k: presets[v] if k in ("tree", "lookup") and isinstance(v, str) and v != "auto" else v
+            k: presets[v]
+            if k in ("tree", "lookup", "datastore") and isinstance(v, str) and v != "auto"
+            else v
             for k, v in decoding.items()
         }
         decoding = (
@@ -330,15 +359,25 @@ _REDUCTIONS = (
     # (streak-distilled vs MDM-only, K=4 vs K=1)
     (("specdiff2_dflash_k1_lookup", "specdiff2_dflash_k4"), 0),
     (("specdiff2_k1", "specdiff2_k4", "specdiff2_k4_lookup", "mdm_k1", "specdiff2_fc_k1"), 0),
-    (("hf_generate", "hf_generate_compiled", "specdiff2_fc_auto", "specdiff2_dflash_auto", "hf_dflash"), 2),
+    (("specdiff2_fc_auto", "specdiff2_dflash_auto"), 1),  # the corpus's ablations: read for acceptance
+    (
+        (
+            "hf_generate",
+            "hf_generate_compiled",
+            "specdiff2_fc_auto_store",
+            "specdiff2_dflash_auto_store",
+            "hf_dflash",
+        ),
+        2,
+    ),
     (("hf_assisted", "sps"), 0),
     (
         (
             "hf_generate",
             "hf_generate_compiled",
-            "specdiff2_fc_auto",
+            "specdiff2_fc_auto_store",
             "specdiff2_fc_k1_lookup",
-            "specdiff2_dflash_auto",
+            "specdiff2_dflash_auto_store",
             "hf_dflash",
         ),
         1,
@@ -564,7 +603,7 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     step_ms = {
         d: CostModel.from_dict(c).step_cost(DTYPE_CONTEXT) for d, c in calibration["cost_models"].items()
     }
-    methods, problems, plan = size_to_budget(smollm2_methods(p, fast), p, step_ms)
+    methods, problems, plan = size_to_budget(smollm2_methods(p, fast, assets), p, step_ms)
     plan["compile_s"] = compile_s
     print(
         f"=== 2/4 HumanEval: problems {DEV_PROBLEMS}-{DEV_PROBLEMS + problems - 1} (held out from tuning) "
