@@ -102,6 +102,7 @@ def test_the_smollm2_bench_config_runs_every_shipped_drafter(workdir):
         "hf_assisted",
         "sps",
         "specdiff2_fc_auto",
+        "specdiff2_fc_auto_store",
         "specdiff2_fc_k1_lookup",
         "specdiff2_k1_sliced",
     } <= set(rows)

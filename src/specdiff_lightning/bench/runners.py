@@ -193,5 +193,6 @@ def method_config(cfg: DecodingConfig, method: BenchMethod) -> DecodingConfig:
     """The run's decoding settings with the row's overrides. A row shapes its draft tree (``tree``,
     ``lookup``) only as its own settings say: the run's shape (e.g. a predict config's) would turn
     the paper's rows and ablations (standard / recursive acceptance, K and step sweeps) into other
-    methods, and some (standard acceptance, multi-step denoising) cannot take it at all."""
-    return replace(cfg, **{"tree": None, "lookup": False, **method.decoding})
+    methods, and some (standard acceptance, multi-step denoising) cannot take it at all. The
+    same holds for the corpus copies (``datastore``): a row has them where it says so."""
+    return replace(cfg, **{"tree": None, "lookup": False, "datastore": None, **method.decoding})
