@@ -40,16 +40,17 @@ def _brute_force(sequences, context, depth, max_ngram):
     return None
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_lookup_matches_a_brute_force_count(seed):
+@pytest.mark.parametrize("seed,big,window", [(0, 49151, 8), (1, 49151, 5), (2, 151_935, 8), (3, 151_935, 7)])
+def test_lookup_matches_a_brute_force_count(seed, big, window):
+    """16-bit packing (SmolLM2's 49,152 ids) and 21-bit packing (Qwen's 151,936), whole keys or not."""
     rng = random.Random(seed)
     sequences = [[rng.randrange(6) for _ in range(rng.randrange(1, 40))] for _ in range(30)]
-    sequences.append([40000, 49151, 3])  # ids above 2^15 pack like any other
-    store = TokenDatastore(sequences, window=8)
-    assert len(store) == sum(map(len, sequences)) and store.vocab_limit == 49152
+    sequences.append([40000, big, 3])  # ids above 2^15 (and 2^16) pack like any other
+    store = TokenDatastore(sequences, window=window)
+    assert len(store) == sum(map(len, sequences)) and store.vocab_limit == big + 1
     for _ in range(40):
         context = [rng.randrange(7) for _ in range(rng.randrange(1, 12))]
-        want = _brute_force(sequences, context, depth=5, max_ngram=8)
+        want = _brute_force(sequences, context, depth=5, max_ngram=window)
         got = store.lookup(context, depth=5, sample=10_000)
         if want is None or not want[2]:
             assert got is None or not got.counts
@@ -57,8 +58,13 @@ def test_lookup_matches_a_brute_force_count(seed):
         # a match at a sequence's very end has no continuation: the brute force counts it, the
         # store too (its total), but it adds no path
         assert (got.ngram, got.total, got.counts) == want
-    got = store.lookup([40000, 49151], depth=3)
+    got = store.lookup([40000, big], depth=3)
     assert got.ngram == 2 and got.counts == {(3,): 1}
+    # an id the store cannot hold ends the suffixes that can match; the ids after it still do
+    got = store.lookup([1, 2, 2**21 + 5, 40000, big], depth=3)
+    assert got.ngram == 2 and got.counts == {(3,): 1}
+    # continuations longer than the window stop at the last sequence's end, never past the array
+    assert store.lookup([40000, big], depth=30).counts == {(3,): 1}
 
 
 def test_lookup_samples_occurrences_evenly_and_never_crosses_sequences():
@@ -94,8 +100,12 @@ def test_corpus_files_and_their_errors(tmp_path):
         load_datastore(bad)
     with pytest.raises(ValueError, match="continuation_ids"):
         TokenDatastore.from_corpus(parquet, field="answers")
-    with pytest.raises(ValueError, match="multiple of 4"):
-        TokenDatastore([[1]], window=6)
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        TokenDatastore([[1]], window=0)
+    with pytest.raises(ValueError, match=">= 0"):
+        TokenDatastore([[1, -2]])
+    with pytest.raises(ValueError, match="21-bit"):
+        TokenDatastore([[2**21]])
 
 
 def test_a_datastore_is_refused_where_it_cannot_join():
@@ -109,6 +119,10 @@ def test_a_datastore_is_refused_where_it_cannot_join():
     with pytest.raises(ValueError, match="already shaped"):
         speculative_generate(
             verifier, AdaptiveDrafter(drafter), prompt, datastore=TokenDatastore([[1, 2]]), **kwargs
+        )
+    with pytest.raises(ValueError, match="another datastore"):
+        speculative_generate(
+            verifier, AutoTreeDrafter(drafter, _cheap()), prompt, datastore=TokenDatastore([[1, 2]]), **kwargs
         )
     vocab = verifier.config.vocab_size
     with pytest.raises(ValueError, match="another tokenizer"):
@@ -137,3 +151,15 @@ def test_corpus_continuations_join_auto_trees_and_stay_greedy_exact():
         verifier, drafter, prompt, max_new_tokens=40, gamma=6, temperature=0, eos_token_id=[], datastore=store
     )
     assert torch.equal(again.sequences, ref)
+
+
+def test_decoding_config_checks_its_datastore_at_config_time(tmp_path):
+    from specdiff_lightning.decoding.config import DecodingConfig
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"continuation_ids": [1, 2, 3]}) + "\n")
+    assert DecodingConfig(gamma=4, datastore=str(corpus)).generate_kwargs()["datastore"] == str(corpus)
+    with pytest.raises(ValueError, match="tree: auto"):
+        DecodingConfig(gamma=4, tree=None, datastore=str(corpus))
+    with pytest.raises(FileNotFoundError, match="decoding.datastore"):
+        DecodingConfig(gamma=4, datastore=str(tmp_path / "missing.parquet"))

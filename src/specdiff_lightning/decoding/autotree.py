@@ -431,12 +431,13 @@ class AutoTreeDrafter(DrafterWrapper):
         tokens = torch.tensor([rows], dtype=proposal.tokens.dtype, device=device)
         return proposal.reshaped(tokens, torch.tensor([lengths], dtype=torch.long, device=device))
 
-    def _plain(self, input_ids: torch.Tensor) -> Proposal:
-        """No drafts: the round verifies the pending token alone (plain decoding)."""
+    def _empty(self, input_ids: torch.Tensor, gamma: int = 0) -> Proposal:
+        """No drafter's drafts in a window of ``gamma``: with 0, the round verifies the pending token
+        alone (plain decoding); otherwise the drafts are the context's (the drafter sat it out)."""
         vocab = self.base.proposal_vocab_size
-        device = input_ids.device
-        empty = torch.zeros(1, 1, 0, dtype=torch.long, device=device)
-        return Proposal(empty, torch.zeros(1, 1, 0, vocab, device=device), exact_q=False)
+        tokens = torch.zeros(1, 1, gamma, dtype=torch.long, device=input_ids.device)
+        q = torch.zeros(1, 1, 1, vocab, device=input_ids.device).expand(1, 1, gamma, vocab)
+        return Proposal(tokens, q, exact_q=False)
 
     # ------------------------------------------------------------------ a round
     def propose(self, input_ids, gamma, num_drafts=1, temperature=1.0, generator=None) -> Proposal:
@@ -450,10 +451,11 @@ class AutoTreeDrafter(DrafterWrapper):
         if self._skip > 0:
             self._skip -= 1
             self.counts["skipped"] += 1
-            return self._plain(input_ids)
+            return self._empty(input_ids)
+        looked = now(input_ids.device)
         trie = _Trie()
         self._context_candidates(trie, context, gamma)
-        lookup_ms = (now(input_ids.device) - start) * 1e3
+        lookup_ms = (now(input_ids.device) - looked) * 1e3
         self.lookup_ms = lookup_ms if self.lookup_ms is None else 0.7 * self.lookup_ms + 0.3 * lookup_ms
         ranked = self._ranked(trie)
         bucket = None
@@ -482,7 +484,7 @@ class AutoTreeDrafter(DrafterWrapper):
                 self.drafting_ms = 0.7 * self.drafting_ms + 0.3 * elapsed
             ranked = self._ranked(trie)
         else:
-            proposal = self._window(input_ids, gamma)
+            proposal = self._empty(input_ids, gamma)
         choice = choose_tree_size(
             [trie.nodes[i].prob for i in ranked],
             self.cost,
@@ -495,18 +497,11 @@ class AutoTreeDrafter(DrafterWrapper):
         self._pace(choice)
         if choice.nodes == 0:
             self.counts["plain"] += 1
-            return self._plain(input_ids)
+            return self._empty(input_ids)
         chosen = ranked[: choice.nodes]
         self._last = (len(context), _subtrie(trie, chosen))
         self.counts["drafted" if drafts else "undrafted"] += 1
         return self._drafts(trie, chosen, proposal)
-
-    def _window(self, input_ids: torch.Tensor, gamma: int) -> Proposal:
-        """An empty window of ``gamma`` (the drafts of a round the drafter sat out are the context's)."""
-        vocab = self.base.proposal_vocab_size
-        tokens = torch.zeros(1, 1, gamma, dtype=torch.long, device=input_ids.device)
-        q = torch.zeros(1, 1, 1, vocab, device=input_ids.device).expand(1, 1, gamma, vocab)
-        return Proposal(tokens, q, exact_q=False)
 
     def _pace(self, choice: TreeChoice) -> None:
         """Skip the drafter for a while when drafting has not paid for ``patience`` rounds."""

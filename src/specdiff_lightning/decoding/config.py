@@ -87,19 +87,16 @@ class DecodingConfig:
                     "offers context copies itself. Drop decoding.lookup, or give a fixed decoding.tree"
                 )
         if self.datastore is not None:
-            from pathlib import Path
-
             if self.tree != "auto":
                 raise ValueError(
                     "decoding.datastore joins the trees that tree: auto sizes; with a fixed decoding.tree "
                     "its continuations have no place. Use tree: auto, or set datastore: null"
                 )
-            if not Path(self.datastore).is_file():
-                raise ValueError(
-                    f"decoding.datastore {self.datastore!r} does not exist; point it at a corpus file "
-                    "(.parquet or .jsonl records with continuation_ids, as generate-corpus writes), or "
-                    "set it to null"
-                )
+            from .datastore import load_datastore
+
+            # read now (once per process): a missing or unreadable corpus fails at config time,
+            # with the file named, not at the first decode
+            load_datastore(self.datastore)
 
     def with_gamma(self, gamma: int) -> DecodingConfig:
         """This config, with ``gamma`` filled in where it was left unset."""

@@ -11,8 +11,10 @@ context's in the same verifier forward, rated by calibrated acceptance like ever
 (:mod:`.autotree`); greedy acceptance keeps the output exact whatever is proposed (METHOD.md §4).
 
 The index is a suffix array cut to ``window`` tokens: every corpus position sorted by the
-``window`` tokens from it, packed four 16-bit ids to a 64-bit key, so a lookup is two binary
-searches per key. Building it for 1.1M tokens takes about a second.
+``window`` tokens from it, packed into 64-bit keys (four 16-bit ids a key where the vocabulary
+fits 16 bits, as SmolLM2's and Llama-2's do; three 21-bit ids where it does not, as Qwen's and
+Llama-3's), so a lookup is two binary searches per key. Building it for 1.1M tokens takes about a
+second.
 """
 
 from __future__ import annotations
@@ -27,9 +29,8 @@ import numpy as np
 
 __all__ = ["StoreMatch", "TokenDatastore", "load_datastore"]
 
-#: ids are packed in 16 bits; this one marks a sequence end (no vocabulary here reaches it)
-_END = 0xFFFF
-_PER_KEY = 4
+#: bits an id is packed in: the narrower where the ids fit (one more key bit per id is the end mark)
+_ID_BITS = (16, 21)
 
 
 @dataclass(frozen=True)
@@ -52,64 +53,68 @@ class TokenDatastore:
 
     Args:
         sequences: the token-id sequences; a match never runs across two of them.
-        window: the longest suffix a lookup can match (and the index's key length), a multiple of 4.
+        window: the longest suffix a lookup can match (the index's key length).
         source: where the sequences came from (shown in errors and reports).
     """
 
     def __init__(
         self, sequences: Iterable[Sequence[int]], window: int = 8, source: str = "<sequences>"
     ) -> None:
-        if window < 1 or window % _PER_KEY:
-            raise ValueError(f"window must be a positive multiple of {_PER_KEY}, got {window}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        seqs = [[int(t) for t in seq] for seq in sequences]
+        top = max((max(seq) for seq in seqs if seq), default=0)
+        low = min((min(seq) for seq in seqs if seq), default=0)
+        if low < 0:
+            raise ValueError(f"datastore {source}: token ids must be >= 0, found {low}")
+        bits = next((b for b in _ID_BITS if top < (1 << b) - 1), None)
+        if bits is None:
+            raise ValueError(f"datastore {source}: token id {top} exceeds the {_ID_BITS[-1]}-bit packing")
+        self._bits, self._per_key = bits, 64 // bits
+        #: the id that marks a sequence's end (above every id stored)
+        self.end = (1 << bits) - 1
+        width = -(-window // self._per_key) * self._per_key  # the window in whole keys
         flat: list[int] = []
-        for seq in sequences:
-            flat.extend(int(t) for t in seq)
-            flat.append(_END)
-        tokens = np.asarray(flat + [_END] * window, dtype=np.int64)
-        real = tokens[tokens != _END]
-        if real.size and (real.min() < 0 or real.max() >= _END):
-            raise ValueError(
-                f"datastore {source}: token ids must lie in [0, {_END}), found {int(real.min())}..{int(real.max())}"
-            )
+        for seq in seqs:
+            flat += seq
+            flat.append(self.end)
+        tokens = np.asarray(flat + [self.end] * width, dtype=np.int64)
         self.source = source
         self.window = window
         self.tokens = tokens
+        self.num_tokens = sum(map(len, seqs))
         #: one more than the largest id stored (0 when empty): checked against the verifier's vocabulary
-        self.vocab_limit = int(real.max()) + 1 if real.size else 0
-        self.num_tokens = int(real.size)
-        n = len(tokens) - window
+        self.vocab_limit = top + 1 if self.num_tokens else 0
+        n = len(tokens) - width
         keys = []
-        for k in range(window // _PER_KEY):
+        for k in range(0, width, self._per_key):
             key = np.zeros(n, dtype=np.uint64)
-            for j in range(_PER_KEY):
-                key = (key << np.uint64(16)) | tokens[k * _PER_KEY + j : k * _PER_KEY + j + n].astype(
-                    np.uint64
-                )
+            for j in range(k, k + self._per_key):
+                key = (key << np.uint64(bits)) | tokens[j : j + n].astype(np.uint64)
             keys.append(key)
         order = np.lexsort(tuple(reversed(keys)))
-        order = order[tokens[order] != _END]  # positions that start a sequence's suffix
+        order = order[tokens[order] != self.end]  # positions that start a sequence's suffix
         self._order = order
         self._keys = [key[order] for key in keys]
 
     def __len__(self) -> int:
         return self.num_tokens
 
-    @staticmethod
-    def _pack(ids: Sequence[int], fill: int) -> np.uint64:
+    def _pack(self, ids: Sequence[int], fill: int) -> np.uint64:
         value = 0
-        for t in list(ids) + [fill] * (_PER_KEY - len(ids)):
-            value = (value << 16) | t
+        for t in list(ids) + [fill] * (self._per_key - len(ids)):
+            value = (value << self._bits) | t
         return np.uint64(value)
 
     def _range(self, suffix: Sequence[int]) -> tuple[int, int]:
         """Where positions followed by ``suffix`` sit in the sorted order: ``[lo, hi)``."""
         lo, hi = 0, len(self._order)
-        for k in range(0, len(suffix), _PER_KEY):
-            part = suffix[k : k + _PER_KEY]
-            keys = self._keys[k // _PER_KEY][lo:hi]
+        for k in range(0, len(suffix), self._per_key):
+            part = suffix[k : k + self._per_key]
+            keys = self._keys[k // self._per_key][lo:hi]
             lo, hi = (
                 lo + int(np.searchsorted(keys, self._pack(part, 0), "left")),
-                lo + int(np.searchsorted(keys, self._pack(part, _END), "right")),
+                lo + int(np.searchsorted(keys, self._pack(part, self.end), "right")),
             )
             if hi <= lo:
                 break
@@ -127,7 +132,12 @@ class TokenDatastore:
         ``max_ngram`` (default: the window) down to ``min_ngram`` tokens) found in the store; up
         to ``sample`` occurrences, spread evenly over all of them. None when no suffix occurs."""
         longest = min(self.window if max_ngram is None else max_ngram, self.window, len(context))
-        if depth < 1 or any(t >= _END or t < 0 for t in context[-longest:] if longest):
+        # a suffix holding an id the store cannot hold never occurs: only the ids after it can match
+        for i in range(1, longest + 1):
+            if not 0 <= context[-i] < self.end:
+                longest = i - 1
+                break
+        if depth < 1:
             return None
         for n in range(longest, min_ngram - 1, -1):
             lo, hi = self._range(context[len(context) - n :])
@@ -137,11 +147,13 @@ class TokenDatastore:
             return None
         picks = np.unique(np.linspace(lo, hi - 1, min(sample, hi - lo)).astype(np.int64))
         starts = self._order[picks] + n
-        runs = self.tokens[starts[:, None] + np.arange(depth)[None, :]].tolist()
+        # past the last sequence's end mark the array holds end marks only: clip, never overrun
+        at = np.minimum(starts[:, None] + np.arange(depth)[None, :], len(self.tokens) - 1)
+        runs = self.tokens[at].tolist()
         counts: dict[tuple[int, ...], int] = {}
         for run in runs:
             for d, token in enumerate(run):
-                if token == _END:
+                if token == self.end:
                     break
                 path = tuple(run[: d + 1])
                 counts[path] = counts.get(path, 0) + 1

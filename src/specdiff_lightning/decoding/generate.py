@@ -20,7 +20,7 @@ from .tree import build_tree, tree_probs
 from .validation import check_context, check_prompt, check_sampling, check_verifier_dtypes, check_vocab
 from .verifier import TreeVerifier
 
-__all__ = ["speculative_generate", "verifier_generate", "check_tree", "check_datastore", "TREE_CHOICES"]
+__all__ = ["speculative_generate", "verifier_generate", "check_tree", "TREE_CHOICES"]
 
 
 def _eos_set(verifier: nn.Module, eos_token_id: int | list[int] | None) -> set[int]:
@@ -91,6 +91,11 @@ def check_datastore(datastore, tree, drafter: Drafter, vocab: int) -> TokenDatas
             "Use tree='auto' with the plain drafter, or drop datastore"
         )
     store = load_datastore(datastore)
+    if isinstance(drafter, AutoTreeDrafter) and drafter.datastore is not store:
+        raise ValueError(
+            "this AutoTreeDrafter was built with another datastore (or none); build it with "
+            "AutoTreeDrafter(..., datastore=...) or pass the plain drafter"
+        )
     if store.vocab_limit > vocab:
         raise ValueError(
             f"datastore {store.source} holds token id {store.vocab_limit - 1}, outside the verifier's "
@@ -104,12 +109,6 @@ def _shaped(drafter: Drafter, verifier: nn.Module, tree, datastore: TokenDatasto
     """The drafter the loop drafts with: sized by :func:`auto_tree` for ``tree='auto'``, unless the
     caller already shaped it (a :class:`DrafterWrapper`: adaptive cuts, lookups, an auto tree)."""
     if tree is None or isinstance(drafter, DrafterWrapper):
-        if (
-            datastore is not None
-            and isinstance(drafter, AutoTreeDrafter)
-            and drafter.datastore is not datastore
-        ):
-            raise ValueError("this AutoTreeDrafter was built with another datastore; pass it its own")
         return drafter
     return auto_tree(drafter, verifier, datastore)
 
