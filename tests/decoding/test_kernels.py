@@ -1,11 +1,26 @@
 """Few-row linear kernels chosen on the machine: the same products, dispatched on the row count."""
 
+import copy
+import json
+
+import pytest
 import torch
 from torch import nn
 
-from specdiff_lightning.decoding.calibration import calibration_key
-from specdiff_lightning.decoding.kernels import choose_linear_kernels, linear_kernel_rows, use_linear_kernels
+from specdiff_lightning.decoding import calibration
+from specdiff_lightning.decoding.calibration import calibration_key, prepare_kernels
+from specdiff_lightning.decoding.kernels import (
+    KERNELS,
+    choose_linear_kernels,
+    linear_kernel_choice,
+    packing_available,
+    use_linear_kernels,
+)
 from specdiff_lightning.models import tiny_model
+
+needs_packing = pytest.mark.skipif(
+    not packing_available(torch.float32), reason="this torch build has no oneDNN packed inner product"
+)
 
 
 def test_transposed_rows_compute_the_same_product_and_others_stay_stock():
@@ -14,22 +29,88 @@ def test_transposed_rows_compute_the_same_product_and_others_stay_stock():
     x = {m: torch.randn(1, m, 24) for m in (1, 2, 3, 5)}
     expected = {m: layer(v) for m, v in x.items()}
     model = nn.Sequential(layer)
-    use_linear_kernels(model, {2, 3})
-    assert linear_kernel_rows(model) == [2, 3]
-    for m, v in x.items():
-        torch.testing.assert_close(layer(v), expected[m], rtol=1e-6, atol=1e-6)
+    use_linear_kernels(model, {2, 3})  # a plain set of rows: W @ x^T
+    assert linear_kernel_choice(model) == {"transposed": [2, 3]}
+    with torch.no_grad():
+        for m, v in x.items():
+            torch.testing.assert_close(layer(v), expected[m], rtol=1e-6, atol=1e-6)
     use_linear_kernels(model, set())  # back to stock F.linear
-    assert "forward" not in layer.__dict__ and linear_kernel_rows(model) == []
+    assert "forward" not in layer.__dict__ and linear_kernel_choice(model) == {}
+
+
+@needs_packing
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_rows_compute_the_same_product_at_every_size_between_and_past_the_grid(dtype):
+    if not packing_available(dtype):
+        pytest.skip(f"no packed inner product in {dtype} here")
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 48).to(dtype)
+    model = nn.Sequential(layer)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    x = {m: torch.randn(2, m, 32, dtype=dtype) for m in (1, 3, 8, 20, 70)}  # 2 x 70 rows: past the grid
+    with torch.no_grad():
+        expected = {m: layer(v) for m, v in x.items()}
+        use_linear_kernels(model, {1: "packed", 16: "packed", 24: "packed", 64: "packed", 2: "transposed"})
+        assert linear_kernel_choice(model) == {"transposed": [2], "packed": [1, 16, 24, 64]}
+        for m, v in x.items():
+            torch.testing.assert_close(layer(v), expected[m], **tol)
+        # the weight changes (a dtype cast, an in-place update): the packed copy is remade, never stale
+        layer.weight.mul_(2)
+        torch.testing.assert_close(layer(x[1]), 2 * expected[1] - layer.bias, **tol)
+
+
+@needs_packing
+def test_a_packed_model_deep_copies_casts_and_trains_through_F_linear():
+    model = tiny_model("llama", vocab_size=64, hidden_size=64, num_layers=1)
+    use_linear_kernels(model, dict.fromkeys(range(1, 65), "packed"))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        ref = model(ids).logits
+    twin = copy.deepcopy(model)  # the packed copies stay out of the module: a deep copy works
+    with torch.no_grad():
+        torch.testing.assert_close(twin(ids).logits, ref, rtol=1e-5, atol=1e-5)
+    if packing_available(torch.bfloat16):
+        with torch.no_grad():
+            low = twin.to(torch.bfloat16)(ids).logits  # repacked in the new dtype
+        torch.testing.assert_close(low.float(), ref, rtol=0.1, atol=0.1)
+    # a graph through the frozen model (a drafter trained through the verifier's head) has a backward
+    h = torch.randn(1, 4, 64, requires_grad=True)
+    model.lm_head(h).sum().backward()
+    assert h.grad is not None and torch.isfinite(h.grad).all()
+
+
+def test_unknown_kernels_are_refused_naming_the_kernels():
+    with pytest.raises(ValueError, match="unknown linear kernel.*'linear', 'transposed', 'packed'"):
+        use_linear_kernels(nn.Sequential(nn.Linear(4, 4)), {2: "fast"})
+    assert KERNELS == ("linear", "transposed", "packed")
 
 
 def test_the_choice_is_measured_on_the_models_own_weights_and_enters_the_calibration_key():
     model = tiny_model("llama", vocab_size=64, hidden_size=64, num_layers=1)
-    chosen = choose_linear_kernels(model, rows=(2, 4), repeats=5)
-    assert chosen <= {2, 4}
-    use_linear_kernels(model, {2})
-    assert calibration_key(model)["model"]["linear_kernels"] == [2]  # a cost model per kernel choice
+    chosen = choose_linear_kernels(model, rows=(1, 2, 4), repeats=5)
+    assert set(chosen) <= {1, 2, 4} and set(chosen.values()) <= {"transposed", "packed"}
+    use_linear_kernels(model, {2: "transposed"})
+    assert calibration_key(model)["model"]["linear_kernels"] == {"transposed": [2]}  # a cost model each
     ids = torch.tensor([[1, 2, 3, 4]])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6)
     use_linear_kernels(model, set())
     ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6)
     assert torch.equal(out, ref)
+
+
+def test_a_cached_choice_of_an_older_format_or_a_corrupt_one_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(calibration, "calibration_dir", lambda: tmp_path)
+    calls = []
+    monkeypatch.setattr(calibration, "choose_linear_kernels", lambda m: calls.append(1) or {3: "transposed"})
+    model = tiny_model("llama", vocab_size=64, hidden_size=64, num_layers=1)
+    prepare_kernels(model)
+    (path,) = tmp_path.glob("kernels-*.json")
+    assert json.loads(path.read_text())["kernels"] == {"3": "transposed"} and len(calls) == 1
+    prepare_kernels(model)  # cached
+    assert len(calls) == 1 and linear_kernel_choice(model) == {"transposed": [3]}
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({"key": data["key"], "rows": [3]}))  # the format before packed weights
+    prepare_kernels(model)
+    path.write_text("{not json")
+    prepare_kernels(model)
+    assert len(calls) == 3 and linear_kernel_choice(model) == {"transposed": [3]}

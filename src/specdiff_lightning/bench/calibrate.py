@@ -35,7 +35,7 @@ def calibrate_verifier(
     for name in dtypes:
         dtype = getattr(torch, name)
         model = verifier if dtype == own else copy.deepcopy(verifier).to(dtype)
-        if model is not verifier and hasattr(verifier, "linear_kernel_rows"):
+        if model is not verifier and hasattr(verifier, "linear_kernels"):
             # the verifier's kernels were chosen for its own dtype: choose this dtype's
             prepare_kernels(model)
         models[name] = cost_model_for(model, refresh=refresh)
@@ -66,15 +66,37 @@ def calibration_table(report: dict) -> str:
         f"(medians, non-decreasing); fastest dtype here (by an {DTYPE_TREE_NODES}-node tree): "
         f"**{report['fastest_dtype']}**.",
         "",
-        "| dtype | 1 token | " + " | ".join(str(n) for n in nodes[1:]) + " | rows computed W @ x^T |",
+        "| dtype | 1 token | "
+        + " | ".join(str(n) for n in nodes[1:])
+        + " | kernels other than F.linear (rows) |",
         "|---|---:|" + "---:|" * (len(nodes) - 1) + "---|",
     ]
     for dtype, model in models.items():
         rel = model.relative(context)
         cells = " | ".join(f"{rel[n]:.2f}x" for n in nodes[1:])
-        rows = model.key.get("model", {}).get("linear_kernels") or "none"
+        rows = _kernel_cell(model.key.get("model", {}).get("linear_kernels"))
         lines.append(f"| {dtype} | {model.step_cost(context):.1f} ms | {cells} | {rows} |")
     return "\n".join(lines) + "\n"
+
+
+def _kernel_cell(choice) -> str:
+    """``{"packed": [1, 2, 3, 8]}`` as ``packed 1-3, 8``; a cost model cached before the packed
+    kernel held a plain list of the ``W @ x^T`` rows."""
+    if not choice:
+        return "none"
+    if isinstance(choice, list):
+        choice = {"transposed": choice}
+    parts = []
+    for kernel, rows in choice.items():
+        runs, start = [], None
+        for i, r in enumerate(rows):
+            if start is None:
+                start = r
+            if i + 1 == len(rows) or rows[i + 1] != r + 1:
+                runs.append(str(r) if r == start else f"{start}-{r}")
+                start = None
+        parts.append(f"{kernel} {', '.join(runs)}")
+    return "; ".join(parts)
 
 
 def plot_calibration(report: dict, path: str | Path) -> None:

@@ -27,7 +27,7 @@ from torch import nn
 from ..paths import atomic_write, cache_root
 from .attention import to_model_mask
 from .costmodel import COST_MODEL_VERSION, CostModel, isotonic
-from .kernels import choose_linear_kernels, linear_kernel_rows, use_linear_kernels
+from .kernels import choose_linear_kernels, linear_kernel_choice, use_linear_kernels
 from .timing import now
 
 __all__ = [
@@ -56,6 +56,9 @@ DEFAULT_CONTEXTS = (64, 512)
 _FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni")
 #: environment variables that change the kernels torch picks (the AVX2 emulation sets them)
 _KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+#: the format of a cached kernel choice (2: ``{rows: kernel}`` with packed weights; 1 held the rows of
+#: ``W @ x^T`` only and is measured again)
+KERNEL_CHOICE_VERSION = 2
 
 _MEMO: dict[str, CostModel] = {}
 
@@ -107,7 +110,7 @@ def _model_id(model: nn.Module) -> dict:
         "kv_heads": int(getattr(config, "num_key_value_heads", 0) or 0),
         "vocab": int(getattr(config, "vocab_size", 0)),
         "attention": str(getattr(config, "_attn_implementation", "")),
-        "linear_kernels": linear_kernel_rows(model),
+        "linear_kernels": linear_kernel_choice(model),
     }
 
 
@@ -295,20 +298,20 @@ def prepare_kernels(model: nn.Module) -> nn.Module:
     use_linear_kernels(model, set())
     key = calibration_key(model)
     path = (calibration_dir()) / f"kernels-{key['dtype']}-{_key_hash(key)}.json"
-    rows = None
+    choice = None
     try:
         data = json.loads(path.read_text())
-        if data.get("key") == key:
-            rows = set(int(r) for r in data["rows"])
-    except (OSError, ValueError, KeyError, TypeError):
-        rows = None
-    if rows is None:
-        rows = choose_linear_kernels(model)
+        if data.get("key") == key and data.get("version") == KERNEL_CHOICE_VERSION:
+            choice = {int(m): str(k) for m, k in data["kernels"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        choice = None  # missing, corrupt, another model's or an older format's: measure again
+    if choice is None:
+        choice = choose_linear_kernels(model)
         try:
-            _write_json(path, {"key": key, "rows": sorted(rows)})
+            _write_json(path, {"key": key, "version": KERNEL_CHOICE_VERSION, "kernels": choice})
         except OSError as err:
             warnings.warn(f"could not cache the kernel choice in {path} ({err})", stacklevel=2)
-    return use_linear_kernels(model, rows)
+    return use_linear_kernels(model, choice)
 
 
 class SlowerThanPlainWarning(UserWarning):

@@ -1,38 +1,111 @@
-"""Kernel choices measured on the machine: a faster product for the few-token forwards of a tree.
+"""Kernel choices measured on the machine: faster products for the few-token forwards of a tree.
 
-A draft tree's forward multiplies a handful of rows by every weight matrix. On the x86 CPUs measured
-here, float32 ``F.linear`` (``x @ W^T``) with 2-4 rows takes MKL's small-M GEMM path, which costs about
-one matrix-vector product per row (SmolLM2's 576 x 1,536 MLP weight: 47 us at 1 row, 90 at 2, 146 at
-4), while the same product written ``W @ x^T`` costs 60 and 78 us; at 8 rows ``F.linear`` wins again,
-and in bfloat16 on a CPU with bf16 instructions it wins at every size. Which is faster depends on the
-machine, the dtype and the number of rows, so :func:`choose_linear_kernels` times both on the model's
-own weight shapes for each row count, and :func:`use_linear_kernels` makes the model's ``nn.Linear``
-layers dispatch on the row count. Both formulations compute the same products; only the summation
-order inside them may differ (so logits agree to float rounding, as any two kernels do).
+A draft tree's forward multiplies a handful of rows by every weight matrix, and which kernel does that
+fastest depends on the machine, the dtype and the number of rows. Three formulations compute the same
+products (only the summation order inside them may differ, so logits agree to float rounding, as any
+two kernels do):
+
+- ``"linear"``: stock ``F.linear`` (``x @ W^T``).
+- ``"transposed"``: ``W @ x^T``. On the x86 CPUs measured here float32 ``F.linear`` with 2-4 rows takes
+  MKL's small-M GEMM path, which costs about one matrix-vector product per row (SmolLM2's 576 x 1,536
+  MLP weight on a Zen 5: 47 us at 1 row, 90 at 2, 146 at 4), while ``W @ x^T`` costs 60 and 78 us.
+- ``"packed"``: oneDNN's inner product on a weight reordered once into its blocked layout
+  (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's CPU freezing does). Stock bfloat16
+  ``F.linear`` reorders the weight on every call; on a 2-core Intel Xeon with AMX (model 207) that
+  doubled the cost of a one-row product (the MLP weight: 68 us stock, 34 packed; the 49,152-row head
+  2.0 ms against 1.1) and made a bf16 one-token step of SmolLM2 33 ms against 27 packed.
+
+:func:`choose_linear_kernels` times each on the model's own largest weight for every row count of
+:data:`ROWS`, and :func:`use_linear_kernels` makes the model's ``nn.Linear`` layers dispatch on the
+row count (counts between the measured ones take the next measured count's choice). A packed weight is
+a copy in oneDNN's layout, made at first use, kept beside the module (never in its state dict or a
+deep copy) and remade when the weight changes; a call that builds a graph (training through a frozen
+verifier's head) takes ``F.linear``, which has a backward.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
+import weakref
+from collections.abc import Collection, Mapping
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["choose_linear_kernels", "use_linear_kernels", "linear_kernel_rows", "TRANSPOSED_MARGIN"]
+__all__ = [
+    "KERNELS",
+    "ROWS",
+    "KERNEL_MARGIN",
+    "choose_linear_kernels",
+    "linear_kernel_choice",
+    "packing_available",
+    "use_linear_kernels",
+]
 
-#: the transposed product must be this much faster (median) to be chosen: a choice within noise
-#: would only add a dispatch
-TRANSPOSED_MARGIN = 0.9
+#: the formulations a linear layer may dispatch to
+KERNELS = ("linear", "transposed", "packed")
+#: the row counts the choice is measured at: every count a draft tree usually has, then buckets
+ROWS = (*range(1, 17), 24, 32, 64)
+#: another kernel must be this much faster (median) than stock ``F.linear`` to be chosen: a choice
+#: within noise would only add a dispatch
+KERNEL_MARGIN = 0.9
+
+#: module -> (packed weight, the weight's dtype, data pointer and version it was packed from)
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PACKING: dict[torch.dtype, bool] = {}
 
 
-def _transposed_linear(module: nn.Linear, rows: frozenset, x: torch.Tensor) -> torch.Tensor:
+def packing_available(dtype: torch.dtype) -> bool:
+    """Whether this torch build runs oneDNN's packed inner product on CPU tensors of ``dtype``."""
+    if dtype not in _PACKING:
+        try:
+            w = torch.ones(4, 8, dtype=dtype)
+            packed = torch.ops.mkldnn._reorder_linear_weight(w)
+            out = torch.ops.mkldnn._linear_pointwise(
+                torch.ones(2, 8, dtype=dtype), packed, None, "none", [], ""
+            )
+            _PACKING[dtype] = bool(torch.allclose(out.float(), torch.full((2, 4), 8.0)))
+        except (RuntimeError, AttributeError, NotImplementedError):
+            _PACKING[dtype] = False
+    return _PACKING[dtype]
+
+
+def _packed_weight(module: nn.Linear) -> torch.Tensor:
+    weight = module.weight
+    stamp = (weight.dtype, weight.data_ptr(), weight._version)
+    entry = _PACKED.get(module)
+    if entry is None or entry[1] != stamp:
+        entry = (torch.ops.mkldnn._reorder_linear_weight(weight.detach()), stamp)
+        _PACKED[module] = entry
+    return entry[0]
+
+
+def _grid_row(m: int) -> int:
+    """The measured row count whose choice ``m`` rows take: ``m`` itself, the next one up, or the last."""
+    i = bisect.bisect_left(ROWS, m)
+    return ROWS[min(i, len(ROWS) - 1)]
+
+
+def _dispatch_linear(module: nn.Linear, table: Mapping[int, str], x: torch.Tensor) -> torch.Tensor:
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    kernel = table.get(m if m in table else _grid_row(m), "linear")
+    weight = module.weight
+    if (
+        kernel == "linear"
+        or x.dtype != weight.dtype
+        or x.device.type != "cpu"
+        or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    ):
+        return F.linear(x, weight, module.bias)
+    if kernel == "packed":
+        x = x if x.is_contiguous() else x.contiguous()
+        return torch.ops.mkldnn._linear_pointwise(x, _packed_weight(module), module.bias, "none", [], "")
     flat = x.reshape(-1, x.shape[-1])
-    if flat.shape[0] not in rows:
-        return F.linear(x, module.weight, module.bias)
-    out = (module.weight @ flat.T).T  # [m, out]: W @ x^T, the faster kernel for these m rows
+    out = (weight @ flat.T).T  # [m, out]: W @ x^T, the faster kernel for these m rows
     if module.bias is not None:
         out = out + module.bias
     return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -51,42 +124,63 @@ def _time(fn, repeats: int) -> float:
 
 @torch.no_grad()
 def choose_linear_kernels(
-    model: nn.Module, rows: tuple[int, ...] = tuple(range(2, 17)), repeats: int = 30
-) -> set[int]:
-    """The row counts at which ``W @ x^T`` beats ``F.linear`` on this machine for ``model``'s largest
-    linear layer (its weight shape and dtype), by :data:`TRANSPOSED_MARGIN`. CPU models only (an
-    accelerator's GEMM has no such small-M gap): empty elsewhere."""
+    model: nn.Module, rows: tuple[int, ...] = ROWS, repeats: int = 30
+) -> dict[int, str]:
+    """``{rows: kernel}`` for the row counts at which a kernel of :data:`KERNELS` beats stock
+    ``F.linear`` by :data:`KERNEL_MARGIN` on this machine for ``model``'s largest linear layer
+    below the head (its weight shape and dtype; the MLP projections dominate a decoder layer's time).
+    Counts where ``F.linear`` is best are left out. CPU models only (an accelerator's GEMM has no
+    such small-M gap): empty elsewhere."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if not linears or linears[0].weight.device.type != "cpu":
-        return set()
-    # the largest layer below the LM head: the MLP projections dominate a decoder layer's time
+        return {}
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     body = [m for m in linears if m is not head] or linears
-    weight = max(body, key=lambda m: m.weight.numel()).weight
-    chosen = set()
+    weight = max(body, key=lambda m: m.weight.numel()).weight.detach()
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight) if packing_available(weight.dtype) else None
+    chosen = {}
     for m in rows:
         x = torch.randn(m, weight.shape[1], dtype=weight.dtype)
-        plain = _time(lambda x=x: F.linear(x, weight), repeats)
-        transposed = _time(lambda x=x: (weight @ x.T).T, repeats)
-        if transposed < TRANSPOSED_MARGIN * plain:
-            chosen.add(m)
+        times = {
+            "linear": _time(lambda x=x: F.linear(x, weight), repeats),
+            "transposed": _time(lambda x=x: (weight @ x.T).T, repeats),
+        }
+        if packed is not None:
+            times["packed"] = _time(
+                lambda x=x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), repeats
+            )
+        best = min(times, key=times.get)
+        if best != "linear" and times[best] < KERNEL_MARGIN * times["linear"]:
+            chosen[int(m)] = best
     return chosen
 
 
-def use_linear_kernels(model: nn.Module, rows: set[int]) -> nn.Module:
-    """Make every ``nn.Linear`` of ``model`` compute ``W @ x^T`` for inputs of ``rows`` rows (other
-    sizes: ``F.linear``); ``rows`` empty restores plain ``F.linear``. Returns ``model``."""
-    frozen = frozenset(int(r) for r in rows)
+def use_linear_kernels(model: nn.Module, choice: Mapping[int, str] | Collection[int]) -> nn.Module:
+    """Make every ``nn.Linear`` of ``model`` dispatch on its input's row count: ``choice`` maps row
+    counts to a kernel of :data:`KERNELS` (a plain collection of counts means ``"transposed"``);
+    other counts take ``F.linear``; empty restores plain ``F.linear``. Returns ``model``."""
+    table = dict(choice) if isinstance(choice, Mapping) else dict.fromkeys(choice, "transposed")
+    table = {int(m): str(k) for m, k in table.items() if k != "linear"}
+    unknown = sorted(set(table.values()) - set(KERNELS))
+    if unknown:
+        raise ValueError(f"unknown linear kernel(s) {unknown}; the kernels are {list(KERNELS)}")
+    params = [p for p in model.parameters()]
+    if "packed" in table.values() and params and not packing_available(params[0].dtype):
+        table = {m: k for m, k in table.items() if k != "packed"}
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            if frozen:
-                module.forward = partial(_transposed_linear, module, frozen)
+            _PACKED.pop(module, None)
+            if table:
+                module.forward = partial(_dispatch_linear, module, table)
             else:
                 module.__dict__.pop("forward", None)
-    model.linear_kernel_rows = sorted(frozen)
+    model.linear_kernels = {
+        k: sorted(m for m, v in table.items() if v == k) for k in KERNELS[1:] if k in table.values()
+    }
     return model
 
 
-def linear_kernel_rows(model: nn.Module) -> list[int]:
-    """The row counts at which ``model``'s linear layers use ``W @ x^T`` ([]: none)."""
-    return list(getattr(model, "linear_kernel_rows", []))
+def linear_kernel_choice(model: nn.Module) -> dict[str, list[int]]:
+    """``{kernel: row counts}`` that ``model``'s linear layers compute with a kernel other than
+    ``F.linear`` ({}: none)."""
+    return {k: list(v) for k, v in getattr(model, "linear_kernels", {}).items()}
