@@ -17,6 +17,7 @@ from torch import nn
 from ..decoding.config import DecodingConfig
 from ..decoding.drafting import Drafter
 from ..decoding.generate import speculative_generate, verifier_generate
+from ..decoding.kernels import use_linear_kernels
 from .methods import BenchMethod
 
 __all__ = ["BenchModels", "RUNNERS", "hf_generate"]
@@ -88,7 +89,9 @@ def compiled_copy(verifier: nn.Module) -> tuple[nn.Module, float]:
     if verifier in _COMPILED:
         return _COMPILED[verifier]
     _inductor_cache_per_machine()
-    model = copy.deepcopy(verifier)
+    # stock F.linear in the copy: the dispatch of a measured kernel choice (decoding/kernels.py) is
+    # Python that inductor would break its graph on; the peer is transformers' compiled path as shipped
+    model = use_linear_kernels(copy.deepcopy(verifier), {})
     start = time.perf_counter()
     device = next(model.parameters()).device
     for length in (17, 23):
