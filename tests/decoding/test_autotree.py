@@ -20,6 +20,11 @@ from specdiff_lightning.decoding.config import DecodingConfig
 from specdiff_lightning.decoding.costmodel import CostModel, isotonic
 from specdiff_lightning.models import tiny_model
 
+#: a one-token step of 10 s: a cost model in which the drafter's *measured* round (a tiny model's
+#: forward, milliseconds, more on a loaded machine) is negligible, so the sizing these tests check
+#: does not depend on how busy the machine is
+SLOW_STEP_MS = 10_000.0
+
 
 def _flat(step_ms: float, per_node_ms: float, key=None) -> CostModel:
     nodes = [1, 2, 4, 8, 16, 32, 64]
@@ -106,7 +111,9 @@ def test_cheap_nodes_grow_trees_and_learn_the_acceptance():
     ref = reference_greedy(verifier, prompt, 40)
     # the sizing alone (the gate, which would spend rounds trying the context's drafts alone, is
     # tested apart below)
-    drafter = AutoTreeDrafter(NoisyOracleDrafter(verifier, noise=0.1), _flat(10.0, 0.01), gate_drafter=False)
+    drafter = AutoTreeDrafter(
+        NoisyOracleDrafter(verifier, noise=0.1), _flat(SLOW_STEP_MS, 0.01), gate_drafter=False
+    )
     out = speculative_generate(
         verifier, drafter, prompt, max_new_tokens=40, gamma=6, temperature=0, eos_token_id=[]
     )
@@ -123,7 +130,7 @@ def test_auto_trees_of_a_diffusion_drafter_are_greedy_exact(pair, num_drafts):
     prompt = torch.tensor([[4, 8, 15, 16, 23, 4, 8]])
     ref = reference_greedy(verifier, prompt, 32)
     # a cost model where nodes are nearly free: big trees, runner-ups, samples and copies all join
-    auto = AutoTreeDrafter(drafter, _flat(10.0, 0.01))
+    auto = AutoTreeDrafter(drafter, _flat(SLOW_STEP_MS, 0.01))
     out = speculative_generate(
         verifier, auto, prompt, max_new_tokens=32, gamma=6, num_drafts=num_drafts, draft_temperature=1.5,
         temperature=0, generator=torch.Generator().manual_seed(0), eos_token_id=[],
@@ -218,7 +225,7 @@ def test_a_gated_auto_tree_stays_exact_and_counts_its_rounds():
     verifier = tiny_model("qwen2", vocab_size=48, seed=4, dtype=torch.float64)
     prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 3, 1, 4]])
     ref = reference_greedy(verifier, prompt, 60)
-    drafter = AutoTreeDrafter(NoisyOracleDrafter(verifier, noise=0.1), _flat(10.0, 0.01))
+    drafter = AutoTreeDrafter(NoisyOracleDrafter(verifier, noise=0.1), _flat(SLOW_STEP_MS, 0.01))
     out = speculative_generate(
         verifier, drafter, prompt, max_new_tokens=60, gamma=6, temperature=0, eos_token_id=[]
     )
