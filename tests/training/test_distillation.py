@@ -93,9 +93,11 @@ def test_streak_distillation_raises_streak_and_beats_ar_distillation(corpus, tmp
     The later-position margin is small at this scale and moves with the corpus's sample: over six
     samples, streak-distillation's gain past the first position was 0.96-1.11x AR-distillation's
     (mean 1.04), so a single sample passes or fails the 3% margin by chance. It is asserted on the
-    mean over three samples; the streak's rise over the base drafter, on each."""
+    mean over five samples; the streak's rise over the base drafter, on each. (Over the first three
+    alone the margin is CPU-dependent: it held on a Zen 5 and was 1.027x on an Intel Xeon with AMX, whose
+    kernels round differently.)"""
     runs = [_fig2_run(corpus, tmp_path)]
-    runs += [_fig2_run(_sample_corpus(tmp_path / f"corpus{seed}", seed), tmp_path) for seed in (1, 2)]
+    runs += [_fig2_run(_sample_corpus(tmp_path / f"corpus{seed}", seed), tmp_path) for seed in (1, 2, 3, 4)]
     later, ar_later, gamma2, ar_gamma2 = [], [], [], []
     for base_streak, (streak, curve), (ar_streak, ar_curve) in runs:
         print(
