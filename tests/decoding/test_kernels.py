@@ -114,3 +114,25 @@ def test_a_cached_choice_of_an_older_format_or_a_corrupt_one_is_measured_again(t
     path.write_text("{not json")
     prepare_kernels(model)
     assert len(calls) == 3 and linear_kernel_choice(model) == {"transposed": [3]}
+
+
+@needs_packing
+def test_greedy_decoding_through_packed_weights_is_identical_to_the_verifiers_own_generate():
+    """Lossless with the packed kernel in every linear layer: tree forwards of any size and the
+    one-token steps of stock ``generate()`` (same model, same dispatch) give the same tokens."""
+    from helpers import NoisyOracleDrafter, reference_greedy
+    from specdiff_lightning import speculative_generate
+
+    verifier = tiny_model("qwen2", vocab_size=48, seed=4)  # float32
+    use_linear_kernels(verifier, dict.fromkeys(range(1, 65), "packed"))
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    ref = reference_greedy(verifier, prompt, 40)
+    for tree in ("auto", None):
+        out = speculative_generate(
+            verifier, NoisyOracleDrafter(verifier, noise=0.2), prompt, max_new_tokens=40, gamma=6,
+            num_drafts=2 if tree is None else 1, temperature=0, eos_token_id=[], tree=tree,
+            generator=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+        assert torch.equal(out.sequences, ref), tree
+    use_linear_kernels(verifier, {})
+    assert torch.equal(reference_greedy(verifier, prompt, 40), ref)  # and to stock F.linear's

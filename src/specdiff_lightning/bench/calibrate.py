@@ -80,12 +80,10 @@ def calibration_table(report: dict) -> str:
 
 
 def _kernel_cell(choice) -> str:
-    """``{"packed": [1, 2, 3, 8]}`` as ``packed 1-3, 8``; a cost model cached before the packed
-    kernel held a plain list of the ``W @ x^T`` rows."""
+    """``{"packed": [1, 2, 3, 8]}`` (:func:`~specdiff_lightning.decoding.kernels.linear_kernel_choice`)
+    as ``packed 1-3, 8``."""
     if not choice:
         return "none"
-    if isinstance(choice, list):
-        choice = {"transposed": choice}
     parts = []
     for kernel, rows in choice.items():
         runs, start = [], None

@@ -54,9 +54,15 @@ ROWS = (*range(1, 17), 24, 32, 64)
 #: within noise would only add a dispatch
 KERNEL_MARGIN = 0.9
 
-#: module -> (packed weight, the weight's dtype, data pointer and version it was packed from)
+#: module -> (packed weight, (dtype, data pointer, version) of the weight it was packed from)
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _PACKING: dict[torch.dtype, bool] = {}
+
+
+def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W^T (+ bias)`` through oneDNN, ``packed`` being ``W`` reordered by
+    ``torch.ops.mkldnn._reorder_linear_weight``."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def packing_available(dtype: torch.dtype) -> bool:
@@ -65,9 +71,7 @@ def packing_available(dtype: torch.dtype) -> bool:
         try:
             w = torch.ones(4, 8, dtype=dtype)
             packed = torch.ops.mkldnn._reorder_linear_weight(w)
-            out = torch.ops.mkldnn._linear_pointwise(
-                torch.ones(2, 8, dtype=dtype), packed, None, "none", [], ""
-            )
+            out = _packed_product(torch.ones(2, 8, dtype=dtype), packed)
             _PACKING[dtype] = bool(torch.allclose(out.float(), torch.full((2, 4), 8.0)))
         except (RuntimeError, AttributeError, NotImplementedError):
             _PACKING[dtype] = False
@@ -103,7 +107,7 @@ def _dispatch_linear(module: nn.Linear, table: Mapping[int, str], x: torch.Tenso
         return F.linear(x, weight, module.bias)
     if kernel == "packed":
         x = x if x.is_contiguous() else x.contiguous()
-        return torch.ops.mkldnn._linear_pointwise(x, _packed_weight(module), module.bias, "none", [], "")
+        return _packed_product(x, _packed_weight(module), module.bias)
     flat = x.reshape(-1, x.shape[-1])
     out = (weight @ flat.T).T  # [m, out]: W @ x^T, the faster kernel for these m rows
     if module.bias is not None:
@@ -146,9 +150,7 @@ def choose_linear_kernels(
             "transposed": _time(lambda x=x: (weight @ x.T).T, repeats),
         }
         if packed is not None:
-            times["packed"] = _time(
-                lambda x=x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), repeats
-            )
+            times["packed"] = _time(lambda x=x: _packed_product(x, packed), repeats)
         best = min(times, key=times.get)
         if best != "linear" and times[best] < KERNEL_MARGIN * times["linear"]:
             chosen[int(m)] = best
@@ -164,8 +166,8 @@ def use_linear_kernels(model: nn.Module, choice: Mapping[int, str] | Collection[
     unknown = sorted(set(table.values()) - set(KERNELS))
     if unknown:
         raise ValueError(f"unknown linear kernel(s) {unknown}; the kernels are {list(KERNELS)}")
-    params = [p for p in model.parameters()]
-    if "packed" in table.values() and params and not packing_available(params[0].dtype):
+    first = next(model.parameters(), None)
+    if "packed" in table.values() and first is not None and not packing_available(first.dtype):
         table = {m: k for m, k in table.items() if k != "packed"}
     for module in model.modules():
         if isinstance(module, nn.Linear):
