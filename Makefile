@@ -35,8 +35,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m specdiff_lightning demo
 
+# one pytest worker per core (pytest-xdist): the tests run single-threaded (tests/conftest.py)
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -5,6 +6,10 @@ import torch
 
 # Tiny models are dominated by per-op overhead; one thread is faster and keeps runs reproducible.
 torch.set_num_threads(1)
+# and in the processes tests start (notebook kernels, DDP ranks, CLI runs): `make test` runs one
+# pytest worker per core (pytest-xdist), and a child with a thread per core on top of them
+# oversubscribes the CPU; measured on 2 cores, a notebook ran 5x slower (63 -> 352 s) without this.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 ROOT = Path(__file__).parents[1]
 #: what a Trainer without a root directory writes into the working directory
@@ -14,8 +19,6 @@ _STRAY = ("checkpoints", "lightning_logs")
 @pytest.fixture(autouse=True, scope="session")
 def _calibrations_in_a_temporary_directory(tmp_path_factory):
     """Cost models measured by tests (tiny models, tree: auto) go to a directory of the session's."""
-    import os
-
     # and the compiled peer's kernels (compiled for this session's CPU and kernel level only)
     names = ("SPECDIFF_CALIBRATION_DIR", "TORCHINDUCTOR_CACHE_DIR")
     previous = {name: os.environ.get(name) for name in names}
