@@ -188,12 +188,16 @@ def test_bench_flags_speculative_rows_slower_than_plain_decoding():
         row("hf_generate", "hf_generate", 20.0),
         row("slow", "specdiff2", 15.0, 0.2),
         row("fast", "specdiff2", 30.0),
+        row("barely", "specdiff2", 19.95),
     ]
     _speedups(rows)
     assert (
         "slower than plain decoding" in rows[1]["warnings"][0] and "rarely accepted" in rows[1]["warnings"][0]
     )
+    assert "1.33x slower" in rows[1]["warnings"][0]
     assert rows[2]["warnings"] == []
+    # a row a hair slower is said so in percent, never as "1.00x slower" (a demo printed that)
+    assert "is 0.3% slower than hf_generate (20.0)" in rows[3]["warnings"][0]
 
 
 def test_the_gate_tries_both_arms_then_takes_the_faster_and_still_explores():

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm.auto import tqdm
 
+from ..decoding.calibration import slowdown_text
 from ..decoding.config import DecodingConfig
 from ..decoding.stats import GenerationOutput
 from ..decoding.timing import RoundProfiler, throughput, timed
@@ -316,7 +317,7 @@ def _speedups(rows: list[dict]) -> None:
                 else "its rounds (drafting + the tree's forward) cost more than the tokens they add here"
             )
             r["warnings"].append(
-                f"slower than plain decoding: {r['tokens_per_s']:.1f} tok/s is {1 / r['speedup']:.2f}x slower "
+                f"slower than plain decoding: {r['tokens_per_s']:.1f} tok/s is {slowdown_text(1 / r['speedup'])} "
                 f"than {denominator['method']} ({denominator['tokens_per_s']:.1f}); likely cause: {cause} "
                 f"(tree: auto sizes trees for this machine; dtype: auto picks its fastest dtype)"
             )

@@ -42,6 +42,7 @@ __all__ = [
     "dtype_tree_cost",
     "prepare_kernels",
     "slower_than_plain",
+    "slowdown_text",
     "warn_if_slower_than_plain",
     "SlowerThanPlainWarning",
     "check_dtype_runs",
@@ -318,6 +319,14 @@ class SlowerThanPlainWarning(UserWarning):
     """Speculative decoding ran slower than plain decoding of the same verifier on this machine."""
 
 
+def slowdown_text(factor: float) -> str:
+    """``"1.32x slower"`` for a decode ``factor`` times slower than another; under 1.005 the percentage
+    (``"0.3% slower"``), which two decimals of the ratio would print as a self-contradictory "1.00x"."""
+    if factor < 1.005:
+        return f"{(factor - 1) * 100:.1f}% slower"
+    return f"{factor:.2f}x slower"
+
+
 def slower_than_plain(
     tokens_per_s: float,
     verifier: nn.Module,
@@ -358,7 +367,7 @@ def slower_than_plain(
         else "use tree='auto' (the default) and dtype='auto', or decode without a drafter"
     )
     return (
-        f"speculative decoding ran at {tokens_per_s:.1f} tok/s, {plain / tokens_per_s:.2f}x slower than "
+        f"speculative decoding ran at {tokens_per_s:.1f} tok/s, {slowdown_text(plain / tokens_per_s)} than "
         f"{against} {plain:.1f} tok/s on this machine; likely cause: {cause}; {advice}"
     )
 
