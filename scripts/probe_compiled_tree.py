@@ -21,15 +21,15 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 from specdiff_lightning.decoding.kernels import use_linear_kernels
+from specdiff_lightning.decoding.tree import build_tree, tree_attention_allowed
 from specdiff_lightning.models.loading import load_verifier
 
 
-def _chain_mask(n: int, past: int, keys: int) -> torch.Tensor:
-    """``[1, 1, n, keys]``: every node sees the prefix and its ancestors in a chain of n nodes."""
-    allowed = torch.zeros(1, 1, n, keys, dtype=torch.bool)
-    allowed[..., :past] = True
-    allowed[..., past : past + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
-    return allowed
+def _chain(ids: torch.Tensor, past: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(allowed[1, 1, n, past + n], position_ids[1, n])`` for ``ids[1, n]`` as the loop sends a
+    chain: the pending token and n - 1 drafts, masked by :func:`tree_attention_allowed`."""
+    tree = build_tree(ids[0, 0], ids[:, 1:])
+    return tree_attention_allowed(tree, past)[:, None], (past + tree.depth)[None]
 
 
 def main() -> None:
@@ -50,11 +50,11 @@ def main() -> None:
     compiled = torch.compile(stock.forward, dynamic=None)
 
     def eager_tree(ids: torch.Tensor) -> torch.Tensor:
-        n = ids.shape[1]
+        allowed, positions = _chain(ids, past)
         out = eager(
             input_ids=ids,
-            attention_mask=_chain_mask(n, past, past + n),
-            position_ids=torch.arange(past, past + n)[None],
+            attention_mask=allowed,
+            position_ids=positions,
             cache=dynamic,
             use_cache=True,
         )
@@ -66,10 +66,13 @@ def main() -> None:
         n = ids.shape[1]
         for layer in static.layers:
             layer.cumulative_length.fill_(past)  # see the module docstring
+        allowed, positions = _chain(ids, past)
+        # the static cache's keys span max_cache positions: those past the tree are masked out
+        allowed = torch.nn.functional.pad(allowed, (0, args.max_cache - past - n), value=False)
         out = compiled(
             input_ids=ids,
-            attention_mask=_chain_mask(n, past, args.max_cache),
-            position_ids=torch.arange(past, past + n)[None],
+            attention_mask=allowed,
+            position_ids=positions,
             cache_position=torch.arange(past, past + n),
             cache=static,
             use_cache=True,
