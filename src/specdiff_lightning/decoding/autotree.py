@@ -536,19 +536,24 @@ _WRAPPERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def auto_tree(
-    drafter: Drafter, verifier: torch.nn.Module, datastore: TokenDatastore | None = None, **options
+    drafter: Drafter,
+    verifier: torch.nn.Module,
+    datastore: TokenDatastore | None = None,
+    compiled: bool = False,
+    **options,
 ) -> AutoTreeDrafter:
     """``drafter`` wrapped to size its trees for ``verifier`` on this machine: the cost model comes
-    from :func:`~.calibration.cost_model_for` (measured once per machine, model and dtype), and the
-    wrapper is reused across calls with the same drafter, cost model and ``datastore``, so it keeps
-    learning (wrappers of one drafter share one acceptance table)."""
+    from :func:`~.calibration.cost_model_for` (measured once per machine, model, dtype and forward:
+    eager, or ``compiled``), and the wrapper is reused across calls with the same drafter, cost
+    model and ``datastore``, so it keeps learning (wrappers of one drafter share one acceptance
+    table)."""
     from .calibration import cost_model_for
 
     if isinstance(drafter, AutoTreeDrafter):
         return drafter
-    cost = cost_model_for(verifier)
+    cost = cost_model_for(verifier, compiled=compiled)
     wrappers = _WRAPPERS.setdefault(drafter, {})
-    key = None if datastore is None else id(datastore)
+    key = (None if datastore is None else id(datastore), bool(compiled))
     cached = wrappers.get(key)
     if cached is not None and cached.cost is cost and cached.datastore is datastore and not options:
         return cached

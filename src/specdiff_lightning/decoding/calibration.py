@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from ..paths import atomic_write, cache_root
-from .attention import to_model_mask
 from .costmodel import COST_MODEL_VERSION, CostModel, isotonic
 from .kernels import choose_linear_kernels, linear_kernel_choice, use_linear_kernels
 from .timing import now
@@ -48,11 +47,15 @@ __all__ = [
     "check_dtype_runs",
     "DEFAULT_NODES",
     "DEFAULT_CONTEXTS",
+    "COMPILED_CONTEXTS",
     "DTYPE_TREE_NODES",
 ]
 
 DEFAULT_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_CONTEXTS = (64, 512)
+#: a compiled forward's contexts: they and the largest tree fit the smallest static cache
+#: (:data:`~.compiled.MIN_CAPACITY`), the one typical decodes use, so calibrating compiles no other
+COMPILED_CONTEXTS = (64, 384)
 #: CPU flags that decide which kernels torch runs (bf16 matrix units or emulation)
 _FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni")
 #: environment variables that change the kernels torch picks (the AVX2 emulation sets them)
@@ -115,15 +118,17 @@ def _model_id(model: nn.Module) -> dict:
     }
 
 
-def calibration_key(model: nn.Module, dtype: torch.dtype | None = None) -> dict:
+def calibration_key(model: nn.Module, dtype: torch.dtype | None = None, compiled: bool = False) -> dict:
     """What a cost model is valid for: this machine, this model's shape, its dtype (or ``dtype``:
-    the key the model would have in it) and device."""
+    the key the model would have in it), device and forward (eager, or ``compiled`` over a static
+    cache: :mod:`.compiled`)."""
     param = next(model.parameters())
     return {
         "machine": machine_info(param.device),
         "model": _model_id(model),
         "dtype": str(dtype or param.dtype).removeprefix("torch."),
         "device": param.device.type,
+        "forward": "compiled" if compiled else "eager",
         "version": COST_MODEL_VERSION,
     }
 
@@ -138,7 +143,8 @@ def calibration_dir() -> Path:
 
 
 def _path(key: dict, directory: Path | None) -> Path:
-    return (directory or calibration_dir()) / f"{key['dtype']}-{_key_hash(key)}.json"
+    compiled = "-compiled" if key.get("forward") == "compiled" else ""
+    return (directory or calibration_dir()) / f"{key['dtype']}{compiled}-{_key_hash(key)}.json"
 
 
 def _write_json(path: Path, data: dict) -> Path:
@@ -167,18 +173,18 @@ def load_cost_model(path: str | os.PathLike, key: dict | None = None) -> CostMod
     return model
 
 
-def _forward(model: nn.Module, cache, context: int, n: int, device, dtype) -> float:
+def _forward(state, n: int, gen: torch.Generator) -> float:
     """Seconds of one forward over ``n`` new tokens (a chain: a tree mask of the same size costs the
-    same) after ``context`` cached ones; the cache is cropped back afterwards."""
-    allowed = torch.ones(1, n, context + n, dtype=torch.bool, device=device)
-    allowed[0, :, context:] = torch.tril(torch.ones(n, n, dtype=torch.bool, device=device))
-    tokens = torch.randint(0, int(model.config.vocab_size), (1, n), device=device)
-    mask = to_model_mask(allowed, model, dtype)
-    positions = torch.arange(context, context + n, device=device)[None]
+    same) through the verifier ``state`` the loop would use; the tree is dropped again."""
+    from .tree import build_tree
+
+    device = next(state.model.parameters()).device
+    drafts = torch.randint(0, int(state.model.config.vocab_size), (1, n - 1), generator=gen).to(device)
+    tree = build_tree(state.pending, drafts)
     start = now(device)
-    model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+    state.score(tree)
     elapsed = now(device) - start
-    cache.crop(-n)
+    state.discard(tree)
     return elapsed
 
 
@@ -186,54 +192,74 @@ def _forward(model: nn.Module, cache, context: int, n: int, device, dtype) -> fl
 def measure_cost_model(
     model: nn.Module,
     nodes: tuple[int, ...] = DEFAULT_NODES,
-    contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
+    contexts: tuple[int, ...] | None = None,
     repeats: int = 3,
     seed: int = 0,
+    compiled: bool = False,
 ) -> CostModel:
     """Time ``model``'s forward over each of ``nodes`` new tokens after each of ``contexts`` cached
-    ones (``repeats`` interleaved passes after one warm-up pass; medians, made non-decreasing in n).
+    ones (``repeats`` interleaved passes after one warm-up pass; medians, made non-decreasing in n),
+    through the verifier state the decoding loop uses: eager, or ``compiled`` (the warm-up pass
+    then compiles its graphs). ``contexts`` None: :data:`DEFAULT_CONTEXTS`, or for a compiled
+    forward :data:`COMPILED_CONTEXTS` (within the static cache the decodes use).
 
     Random token ids stand in for text: the cost depends on shapes, not on which tokens."""
-    from transformers import DynamicCache
+    from .compiled import StaticTreeVerifier
+    from .verifier import TreeVerifier
 
     start = time.perf_counter()
     param = next(model.parameters())
-    device, dtype = param.device, param.dtype
+    device = param.device
+    if contexts is None:
+        contexts = COMPILED_CONTEXTS if compiled else DEFAULT_CONTEXTS
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None:
         contexts = tuple(c for c in contexts if c + max(nodes) <= limit) or (max(1, limit - max(nodes)),)
     gen = torch.Generator().manual_seed(seed)
-    caches = {}
+    states = {}
     for context in contexts:
-        ids = torch.randint(0, int(model.config.vocab_size), (1, context), generator=gen).to(device)
-        caches[context] = DynamicCache(config=model.config)
-        model(input_ids=ids, cache=caches[context], use_cache=True, logits_to_keep=1)
+        # context + 1 prompt tokens: the cache holds context, the last is the pending root
+        ids = torch.randint(0, int(model.config.vocab_size), (1, context + 1), generator=gen).to(device)
+        if compiled:
+            states[context] = StaticTreeVerifier(model, ids, capacity=context + 1 + max(nodes))
+        else:
+            states[context] = TreeVerifier(model, ids)
     times = {(c, n): [] for c in contexts for n in nodes}
     for r in range(repeats + 1):
         for c in contexts:
             for n in nodes:
-                elapsed = _forward(model, caches[c], c, n, device, dtype)
-                if r:  # the first pass warms kernels and allocator
+                elapsed = _forward(states[c], n, gen)
+                if r:  # the first pass warms kernels and allocator (and compiles)
                     times[(c, n)].append(elapsed)
     table = [isotonic([statistics.median(times[(c, n)]) * 1e3 for n in nodes]) for c in contexts]
     return CostModel(
-        list(nodes), list(contexts), table, calibration_key(model), seconds=time.perf_counter() - start
+        list(nodes),
+        list(contexts),
+        table,
+        calibration_key(model, compiled=compiled),
+        seconds=time.perf_counter() - start,
     )
 
 
 def cost_model_for(
-    model: nn.Module, *, directory: str | os.PathLike | None = None, refresh: bool = False, **measure
+    model: nn.Module,
+    *,
+    directory: str | os.PathLike | None = None,
+    refresh: bool = False,
+    compiled: bool = False,
+    **measure,
 ) -> CostModel:
     """The cost model of ``model`` on this machine: from this process's memo, else the disk cache,
-    else measured now (seconds) and cached. ``refresh``: measure again whatever is cached."""
-    key = calibration_key(model)
+    else measured now (seconds; a ``compiled`` forward's first measurement compiles it, minutes on a
+    cold inductor cache) and cached. ``refresh``: measure again whatever is cached."""
+    key = calibration_key(model, compiled=compiled)
     memo = _key_hash(key) + str(directory)
     if not refresh and memo in _MEMO:
         return _MEMO[memo]
     path = _path(key, Path(directory) if directory is not None else None)
     cost = None if refresh else load_cost_model(path, key)
     if cost is None:
-        cost = measure_cost_model(model, **measure)
+        cost = measure_cost_model(model, compiled=compiled, **measure)
         try:
             save_cost_model(cost, path)
         except OSError as err:  # a read-only home: measuring each process is slower, not wrong

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 __all__ = ["CostModel", "isotonic", "COST_MODEL_VERSION"]
 
 #: bumped whenever what a cost model holds or how it is measured changes: older files are stale
-COST_MODEL_VERSION = 2
+#: (3: timed through the loop's verifier state, keyed by its forward, eager or compiled)
+COST_MODEL_VERSION = 3
 
 
 def isotonic(values: list[float]) -> list[float]:

@@ -11,6 +11,7 @@ from torch import nn
 from .acceptance import AcceptanceRule, Verdict, get_acceptance_rule
 from .attention import check_custom_mask_support
 from .autotree import AutoTreeDrafter, auto_tree
+from .compiled import StaticTreeVerifier
 from .datastore import TokenDatastore, load_datastore
 from .drafting import Drafter, DrafterWrapper
 from .sampling import logits_to_probs, restrict_vocab, sample_tokens
@@ -59,6 +60,14 @@ def _check_drafting(gamma, num_drafts, draft_temperature, rule: AcceptanceRule) 
         )
 
 
+def _check_compile(compile) -> bool:
+    if not isinstance(compile, bool):
+        raise ValueError(
+            f"compile must be True (a compiled forward over a static cache) or False (eager), got {compile!r}"
+        )
+    return compile
+
+
 #: the values of ``speculative_generate(tree=...)``
 TREE_CHOICES = ("auto", None)
 
@@ -105,12 +114,40 @@ def check_datastore(datastore, tree, drafter: Drafter, vocab: int) -> TokenDatas
     return store
 
 
-def _shaped(drafter: Drafter, verifier: nn.Module, tree, datastore: TokenDatastore | None = None) -> Drafter:
-    """The drafter the loop drafts with: sized by :func:`auto_tree` for ``tree='auto'``, unless the
-    caller already shaped it (a :class:`DrafterWrapper`: adaptive cuts, lookups, an auto tree)."""
+def _shaped(
+    drafter: Drafter,
+    verifier: nn.Module,
+    tree,
+    datastore: TokenDatastore | None = None,
+    compiled: bool = False,
+) -> Drafter:
+    """The drafter the loop drafts with: sized by :func:`auto_tree` for ``tree='auto'`` (from the
+    cost of the forward the loop runs, eager or ``compiled``), unless the caller already shaped it
+    (a :class:`DrafterWrapper`: adaptive cuts, lookups, an auto tree)."""
     if tree is None or isinstance(drafter, DrafterWrapper):
         return drafter
-    return auto_tree(drafter, verifier, datastore)
+    return auto_tree(drafter, verifier, datastore, compiled=compiled)
+
+
+#: tree nodes a compiled verifier's static cache makes room for beyond the prompt and the new
+#: tokens (the largest tree ``tree='auto'`` measures; a larger tree grows the cache)
+_TREE_ROOM = 65
+
+
+def _verifier_state(
+    verifier: nn.Module,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    feature_layers=None,
+    compile: bool = False,
+    tree_room: int = _TREE_ROOM,
+) -> TreeVerifier:
+    """The verifier's state for one decode: eager over a dynamic cache, or (``compile``) a compiled
+    forward over a static cache sized for the prompt, the new tokens and a tree."""
+    if not compile:
+        return TreeVerifier(verifier, input_ids, feature_layers)
+    capacity = input_ids.shape[1] + max_new_tokens + tree_room
+    return StaticTreeVerifier(verifier, input_ids, feature_layers, capacity=capacity)
 
 
 class _Output:
@@ -222,6 +259,7 @@ def speculative_generate(
     streamer=None,
     tree: str | None = "auto",
     datastore: TokenDatastore | str | None = None,
+    compile: bool = False,
 ) -> GenerationOutput:
     """Losslessly decode ``verifier`` with drafts from ``drafter`` (SpecDiff-2, METHOD.md §2–4).
 
@@ -257,6 +295,11 @@ def speculative_generate(
         datastore: with ``tree='auto'``, a :class:`~.datastore.TokenDatastore` or the path of a
             corpus file (e.g. the drafter's distillation corpus of the verifier's answers): the
             continuations of the context's longest suffix there join each round's candidates.
+        compile: score every tree through the verifier's compiled forward over a static KV cache
+            (:mod:`~specdiff_lightning.decoding.compiled`): no framework overhead per round, at
+            the price of compiling a few graphs on first use (minutes on a CPU with a cold inductor
+            cache, seconds after); ``tree='auto'`` then sizes trees from the compiled forward's
+            measured cost. The output is the same: the compiled forward is the verifier.
 
     Returns:
         :class:`GenerationOutput` with ``sequences[1, L + new]`` and per-round ``stats``.
@@ -266,11 +309,13 @@ def speculative_generate(
     _check_drafting(gamma, num_drafts, draft_temperature, rule)
     check_tree(tree, rule)
     vocab = check_vocab(verifier, drafter.vocab_size, drafter.vocab_limit)
-    drafter = _shaped(drafter, verifier, tree, check_datastore(datastore, tree, drafter, vocab))
+    compile = _check_compile(compile)
+    drafter = _shaped(drafter, verifier, tree, check_datastore(datastore, tree, drafter, vocab), compile)
 
     drafter.reset()
     out = _Output(input_ids, max_new_tokens, _eos_set(verifier, eos_token_id), streamer, max_time)
-    state = TreeVerifier(verifier, input_ids, drafter.feature_layers)
+    room = max(_TREE_ROOM, num_drafts * gamma + 1)
+    state = _verifier_state(verifier, input_ids, max_new_tokens, drafter.feature_layers, compile, room)
     _feed(drafter, state)
     stats = DecodingStats(gamma=gamma, prefill_calls=state.forward_calls)
     device = input_ids.device
@@ -331,12 +376,13 @@ def verifier_generate(
     generator: torch.Generator | None = None,
     max_time: float | None = None,
     streamer=None,
+    compile: bool = False,
 ) -> GenerationOutput:
     """Plain autoregressive decoding through the same cache code (root-only trees): the
     speed-up denominator. Arguments as :func:`speculative_generate`."""
     _check_common(verifier, input_ids, max_new_tokens, temperature, top_k, top_p)
     out = _Output(input_ids, max_new_tokens, _eos_set(verifier, eos_token_id), streamer, max_time)
-    state = TreeVerifier(verifier, input_ids)
+    state = _verifier_state(verifier, input_ids, max_new_tokens, compile=_check_compile(compile), tree_room=1)
     stats = DecodingStats(gamma=0, prefill_calls=state.forward_calls)
     empty = torch.empty(1, 0, dtype=torch.long, device=input_ids.device)
     root = torch.zeros(1, dtype=torch.long, device=input_ids.device)

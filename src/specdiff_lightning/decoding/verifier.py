@@ -20,6 +20,10 @@ class TreeVerifier:
     token, which becomes the root of the next draft tree. So one forward per round both processes
     the newly committed token and scores all drafts, and plain decoding is the root-only tree.
 
+    This class runs the model eagerly over a ``DynamicCache``;
+    :class:`~specdiff_lightning.decoding.compiled.StaticTreeVerifier` holds the same state in a
+    static cache for a compiled forward.
+
     Args:
         model: a stock HF causal LM (SDPA or eager attention).
         input_ids: ``LongTensor[1, L]`` the prompt, ``L >= 1``.
@@ -35,8 +39,27 @@ class TreeVerifier:
         check_custom_mask_support(model, "verifier")
         self.model = model
         self.dtype = next(model.parameters()).dtype
-        self.cache = DynamicCache(config=model.config)
-        for layer in self.cache.layers:
+        self.forward_calls = 0
+        self.feature_layers = None if feature_layers is None else tuple(int(i) for i in feature_layers)
+        if self.feature_layers is not None:
+            depth = int(getattr(model.config, "num_hidden_layers", 0))
+            if not all(0 <= i <= depth for i in self.feature_layers):
+                raise ValueError(
+                    f"the drafter reads the verifier's hidden states {self.feature_layers}, but this verifier "
+                    f"has {depth} layers (hidden states 0..{depth}); was the drafter trained for another verifier?"
+                )
+        self.cache = self._new_cache(int(input_ids.shape[1]))
+        self._tree_features: torch.Tensor | None = None
+        self.new_features: torch.Tensor | None = None
+        self.pending = int(input_ids[0, -1])
+        if input_ids.shape[1] > 1:
+            out = self._prefill(input_ids[:, :-1])
+            self.forward_calls += 1
+            self.new_features = self._features(out)
+
+    def _new_cache(self, prompt_length: int):
+        cache = DynamicCache(config=self.model.config)
+        for layer in cache.layers:
             # Exactly DynamicLayer: compaction (commit) is proven for its keys/values only. Subclasses
             # (sliding-window, hybrid linear/full attention, indexed layers) carry more state that
             # would keep rejected tree nodes, so they are refused even though isinstance() passes.
@@ -50,28 +73,13 @@ class TreeVerifier:
                     f"the verifier's cache uses {type(layer).__name__} layers; tree verification compacts "
                     f"plain full-attention DynamicLayer caches only{hint}"
                 )
-        self.forward_calls = 0
-        self.feature_layers = None if feature_layers is None else tuple(int(i) for i in feature_layers)
-        if self.feature_layers is not None:
-            depth = int(getattr(model.config, "num_hidden_layers", 0))
-            if not all(0 <= i <= depth for i in self.feature_layers):
-                raise ValueError(
-                    f"the drafter reads the verifier's hidden states {self.feature_layers}, but this verifier "
-                    f"has {depth} layers (hidden states 0..{depth}); was the drafter trained for another verifier?"
-                )
-        self._tree_features: torch.Tensor | None = None
-        self.new_features: torch.Tensor | None = None
-        self.pending = int(input_ids[0, -1])
-        if input_ids.shape[1] > 1:
-            out = self.model(
-                input_ids=input_ids[:, :-1],
-                cache=self.cache,
-                use_cache=True,
-                logits_to_keep=1,
-                **self._feature_kwargs(),
-            )
-            self.forward_calls += 1
-            self.new_features = self._features(out)
+        return cache
+
+    def _prefill(self, ids: torch.Tensor):
+        """The prompt but its last token into the cache; the model's output (features, if asked)."""
+        return self.model(
+            input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1, **self._feature_kwargs()
+        )
 
     def _feature_kwargs(self) -> dict:
         return {} if self.feature_layers is None else {"output_hidden_states": list(self.feature_layers)}
@@ -100,6 +108,9 @@ class TreeVerifier:
             use_cache=True,
             **self._feature_kwargs(),
         )
+        return self._scored(out, tree)
+
+    def _scored(self, out, tree: DraftTree) -> torch.Tensor:
         self.forward_calls += 1
         self._tree_features = self._features(out)
         # A verifier split across devices (device_map) returns logits on its last device.
@@ -119,6 +130,15 @@ class TreeVerifier:
                 layer.values[..., start : start + kept, :] = layer.values[..., index, :]
             layer.keys = layer.keys[..., : start + kept, :]
             layer.values = layer.values[..., : start + kept, :]
+        self._committed(tree, kept_nodes, next_token)
+
+    def _committed(self, tree: DraftTree, kept_nodes: torch.Tensor, next_token: int) -> None:
         if self._tree_features is not None:
             self.new_features = self._tree_features[kept_nodes.to(self._tree_features.device)]
         self.pending = int(next_token)
+
+    def discard(self, tree: DraftTree) -> None:
+        """Drop the tree just scored, root included: the cache is as before :meth:`score` (for
+        timing forwards, :mod:`~specdiff_lightning.decoding.calibration`)."""
+        self.cache.crop(-tree.size)
+        self._tree_features = None

@@ -1,0 +1,243 @@
+"""The verifier's tree forward compiled (``torch.compile``) over a static KV cache.
+
+Eager, every round's forward pays the framework around its matrix products: on SmolLM2-135M about
+1,500 small aten ops (RMSNorm's casts, rotary halves, adds, copies) and the Python of transformers'
+modules, per forward. Plain decoding's strongest peer, ``generate()`` with a static cache and a
+compiled forward, does not; where that overhead weighs most (a CPU running AVX2 kernels, an
+accelerator at batch 1) the peer's lead over an eager loop is that overhead. This module runs the
+loop's forwards the same way: :class:`StaticTreeVerifier` keeps :class:`~.verifier.TreeVerifier`'s
+state in transformers' ``StaticCache`` and scores each draft tree through the model's compiled
+``forward`` (:func:`compiled_forward`).
+
+What the static cache changes (transformers 5.24): a ``StaticLayer`` writes each forward's keys at
+its own running ``cumulative_length``, ignoring ``cache_position``; so before every tree that length
+is set back to the committed length, and a commit gathers the accepted nodes to the front and sets
+the length, as the dynamic cache's slicing does. Keys past the committed length are stale, never
+read: the tree mask spans the whole static length and allows only the committed prefix and the
+node's ancestors.
+
+Graphs: dynamo specialises a one-node forward (plain decoding) and compiles shape-dynamic graphs for
+2-64 nodes, one per branch of the attention kernel (:data:`~.attention.MAX_GROUPED_QUERIES`), so
+three in all per model, dtype and device; :func:`warm_compiled` compiles them before a timed run.
+The prefill runs eagerly (its length varies per prompt). Compiled kernels are cached on disk by
+inductor (per machine: :func:`use_machine_inductor_cache`), so a later process compiles in seconds.
+
+Lossless as before: greedy acceptance is exact for any logits the verifier gives, and the compiled
+forward *is* the verifier here; in float32 its logits match the eager forward's to rounding (tests
+prove greedy identity with the verifier's own ``generate()``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .attention import to_model_mask
+from .tree import DraftTree, build_tree
+from .verifier import TreeVerifier
+
+__all__ = [
+    "StaticTreeVerifier",
+    "compiled_forward",
+    "warm_compiled",
+    "use_machine_inductor_cache",
+    "cache_capacity",
+    "MIN_CAPACITY",
+    "WARM_NODES",
+]
+
+#: the smallest static cache allocated (positions); larger ones are the next power of two, so prompts
+#: of other lengths reuse the same compiled graphs
+MIN_CAPACITY = 512
+#: tree sizes :func:`warm_compiled` runs: one node, then two of each attention branch (the second of
+#: a branch makes dynamo compile it shape-dynamic)
+WARM_NODES = (1, 2, 3, 17, 18)
+#: compiled graphs dynamo may keep per function: every compiled model shares transformers' forward
+#: wrapper, and each model, dtype and branch is a graph (torch's default, 8, would send the ninth to
+#: eager without an error)
+RECOMPILE_LIMIT = 64
+
+#: model -> its compiled forward (a weak key: it goes with the model)
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: model -> seconds :func:`warm_compiled` took for it the first time
+_WARMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def use_machine_inductor_cache() -> None:
+    """Keep inductor's compiled kernels apart per machine and kernel level (unless the user chose a
+    directory with ``TORCHINDUCTOR_CACHE_DIR``): a kernel compiled for AVX512 crashes (segfault) when
+    torch runs AVX2 kernels, as after a change of CPU on a kept machine or under
+    ``ATEN_CPU_CAPABILITY=avx2``; measured here."""
+    from ..paths import cache_root
+    from .calibration import machine_info
+
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return
+    info = machine_info()
+    tag = hashlib.sha1(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor" / f"{info['cpu_capability']}-{tag}")
+
+
+def compiled_forward(model: nn.Module) -> Callable:
+    """``model.forward`` through ``torch.compile`` (memoised per model), shape-dynamic where shapes
+    change. Call it under ``torch.no_grad()``, as the decoding loops do."""
+    forward = _COMPILED.get(model)
+    if forward is None:
+        use_machine_inductor_cache()
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        forward = torch.compile(model.forward, dynamic=None, fullgraph=False)
+        _COMPILED[model] = forward
+    return forward
+
+
+def cache_capacity(positions: int) -> int:
+    """The static cache length that holds ``positions``: :data:`MIN_CAPACITY`, else the next power of
+    two (few distinct lengths, so few compiled graphs)."""
+    return max(MIN_CAPACITY, 1 << math.ceil(math.log2(max(positions, 1))))
+
+
+class StaticTreeVerifier(TreeVerifier):
+    """:class:`~.verifier.TreeVerifier`'s state in a static KV cache, scored by a compiled forward.
+
+    Args:
+        model, input_ids, feature_layers: as :class:`~.verifier.TreeVerifier`.
+        capacity: positions the cache should hold: the prompt, the new tokens and the largest tree
+            (it grows, recompiling once, if a tree would not fit).
+        compile: score through :func:`compiled_forward`; False runs the same static-cache forwards
+            eagerly (for tests and debugging: no compile time).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        feature_layers: tuple[int, ...] | None = None,
+        capacity: int = MIN_CAPACITY,
+        compile: bool = True,
+    ) -> None:
+        self._capacity = cache_capacity(max(int(capacity), int(input_ids.shape[1])))
+        self._length = 0
+        self.compile = bool(compile)
+        super().__init__(model, input_ids, feature_layers)
+
+    def _new_cache(self, prompt_length: int):
+        from transformers import StaticCache
+        from transformers.cache_utils import StaticLayer
+
+        cache = StaticCache(config=self.model.config, max_cache_len=self._capacity)
+        for layer in cache.layers:
+            if type(layer) is not StaticLayer:  # as TreeVerifier: compaction is proven for plain layers
+                raise ValueError(
+                    f"the verifier's static cache uses {type(layer).__name__} layers; compiled tree "
+                    f"verification compacts plain full-attention StaticLayer caches only (disable "
+                    f"sliding-window attention, or decode with compile=False)"
+                )
+        return cache
+
+    def _prefill(self, ids: torch.Tensor):
+        # eager: the prompt's length varies, and a compiled prefill would compile once per length
+        out = self.model(
+            input_ids=ids,
+            cache=self.cache,
+            use_cache=True,
+            cache_position=torch.arange(ids.shape[1], device=ids.device),
+            logits_to_keep=1,
+            **self._feature_kwargs(),
+        )
+        self._length = int(ids.shape[1])
+        return out
+
+    def _feature_kwargs(self) -> dict:
+        if self.compile:
+            # every hidden state, whoever reads which (or none): one set of graphs serves every
+            # drafter and plain decoding; the states are computed anyway, returning them is free
+            return {"output_hidden_states": True}
+        return super()._feature_kwargs()
+
+    @property
+    def past_length(self) -> int:
+        return self._length
+
+    def _grow(self, needed: int) -> None:
+        """Move the committed keys/values into a cache that holds ``needed`` positions."""
+        old, length = self.cache, self._length
+        self._capacity = cache_capacity(needed)
+        self.cache = self._new_cache(0)
+        for src, dst in zip(old.layers, self.cache.layers, strict=True):
+            if src.is_initialized:
+                dst.lazy_initialization(src.keys, src.values)
+                dst.keys[..., :length, :] = src.keys[..., :length, :]
+                dst.values[..., :length, :] = src.values[..., :length, :]
+
+    def score(self, tree: DraftTree) -> torch.Tensor:
+        past, n = self._length, tree.size
+        if past + n > self._capacity:
+            self._grow(past + n)
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(past)  # StaticLayer writes there (module docstring)
+        device = tree.tokens.device
+        allowed = torch.zeros(1, n, self._capacity, dtype=torch.bool, device=device)
+        allowed[0, :, :past] = True
+        allowed[0, :, past : past + n] = tree.ancestors
+        forward = compiled_forward(self.model) if self.compile else self.model
+        out = forward(
+            input_ids=tree.tokens[None],
+            attention_mask=to_model_mask(allowed, self.model, self.dtype),
+            position_ids=(past + tree.depth)[None],
+            cache_position=torch.arange(past, past + n, device=device),
+            cache=self.cache,
+            use_cache=True,
+            **self._feature_kwargs(),
+        )
+        self._length = past + n
+        return self._scored(out, tree)
+
+    def commit(self, tree: DraftTree, kept_nodes: torch.Tensor, next_token: int) -> None:
+        start = self._length - tree.size
+        kept = kept_nodes.shape[0]
+        if int(kept_nodes[-1]) != kept - 1:
+            for layer in self.cache.layers:
+                # gather the accepted path right after the prefix (the RHS is a copy); in place, as
+                # the compiled graphs hold these tensors' addresses
+                index = (start + kept_nodes).to(layer.keys.device)
+                layer.keys[..., start : start + kept, :] = layer.keys[..., index, :]
+                layer.values[..., start : start + kept, :] = layer.values[..., index, :]
+        self._length = start + kept
+        self._committed(tree, kept_nodes, next_token)
+
+    def discard(self, tree: DraftTree) -> None:
+        self._length -= tree.size
+        self._tree_features = None
+
+
+@torch.no_grad()
+def warm_compiled(model: nn.Module, prompt_length: int = 64) -> float:
+    """Compile ``model``'s tree-forward graphs now (:data:`WARM_NODES`: every graph the loop will
+    run), so that no timed decode compiles. Returns the seconds that took: a few where inductor's
+    disk cache has the kernels, minutes on a cold one; a model warmed before is not warmed again,
+    and the first warm-up's seconds are returned."""
+    if model in _WARMED:
+        return _WARMED[model]
+    start = time.perf_counter()
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(0, vocab, (1, prompt_length), generator=gen).to(device)
+    # feature layers given, so the graphs return the hidden states, as they do for every drafter
+    # (StaticTreeVerifier asks for all of them when compiled); plain decoding shares these graphs
+    state = StaticTreeVerifier(model, ids, (0,), capacity=prompt_length + max(WARM_NODES))
+    for n in WARM_NODES:
+        drafts = torch.randint(0, vocab, (1, n - 1), generator=gen).to(device)
+        tree = build_tree(state.pending, drafts)
+        state.score(tree)
+        state.discard(tree)
+    _WARMED[model] = time.perf_counter() - start
+    return _WARMED[model]

@@ -1,0 +1,224 @@
+"""The compiled verifier over a static cache (decoding/compiled.py): the same logits as the eager
+dynamic-cache verifier round after round, greedy identity and sampling exactness through
+``speculative_generate(compile=True)``, its calibration, its warm-up, and its refusals.
+
+One model per dtype is compiled for the whole module (a fixture): each compile costs tens of
+seconds on 2 cores, the runs after it milliseconds.
+"""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from helpers import NoisyOracleDrafter, reference_greedy
+from specdiff_lightning import DiffusionDrafter, speculative_generate, verifier_generate
+from specdiff_lightning.decoding import TreeVerifier, build_tree
+from specdiff_lightning.decoding.compiled import (
+    MIN_CAPACITY,
+    StaticTreeVerifier,
+    cache_capacity,
+    compiled_forward,
+    warm_compiled,
+)
+from specdiff_lightning.decoding.config import DecodingConfig
+from specdiff_lightning.models import tiny_model
+from specdiff_lightning.testing import chi_square_test, exact_sequence_probs, perturb, sample_counts
+
+VOCAB = 48
+
+
+@pytest.fixture(scope="module")
+def verifier32():
+    """float32, as a CPU user compiles; warmed once (every graph the loop runs)."""
+    model = tiny_model("llama", vocab_size=VOCAB, seed=11, dtype=torch.float32)
+    warm_compiled(model)
+    return model
+
+
+def _rounds(state, gen, rounds=6):
+    """Score random trees (shared prefixes, branches) and commit paths that are not contiguous;
+    yields each round's logits."""
+    for _ in range(rounds):
+        drafts = torch.randint(0, 3, (4, 3), generator=gen)  # a small alphabet: a branching trie
+        tree = build_tree(state.pending, drafts)
+        logits = state.score(tree)
+        k = int(torch.randint(0, 4, (1,), generator=gen))
+        accepted = int(torch.randint(0, 4, (1,), generator=gen))
+        kept = torch.cat([torch.zeros(1, dtype=torch.long), tree.paths[k, :accepted]])
+        state.commit(tree, kept, next_token=int(torch.randint(0, VOCAB, (1,), generator=gen)))
+        yield logits, tree
+
+
+@pytest.mark.parametrize("capacity", [MIN_CAPACITY, 12])
+def test_static_cache_verifier_equals_the_dynamic_one(capacity):
+    """Eager over the static cache, float64: the same logits and features as TreeVerifier for every
+    round, through non-contiguous commits; a capacity of 12 forces the cache to grow mid-decode."""
+    model = tiny_model("qwen2", vocab_size=VOCAB, seed=3, dtype=torch.float64)
+    prompt = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(0))
+    dynamic = TreeVerifier(model, prompt, feature_layers=(0, 2))
+    static = StaticTreeVerifier(model, prompt, feature_layers=(0, 2), capacity=capacity, compile=False)
+    torch.testing.assert_close(static.new_features, dynamic.new_features, atol=1e-12, rtol=1e-12)
+    with torch.no_grad():
+        for (a, _), (b, _) in zip(
+            _rounds(dynamic, torch.Generator().manual_seed(1)),
+            _rounds(static, torch.Generator().manual_seed(1)),
+            strict=True,
+        ):
+            torch.testing.assert_close(b, a, atol=1e-10, rtol=1e-10)
+            torch.testing.assert_close(static.new_features, dynamic.new_features, atol=1e-10, rtol=1e-10)
+            assert static.past_length == dynamic.past_length
+    assert capacity >= MIN_CAPACITY or static._capacity >= static.past_length
+
+
+def test_compiled_verifier_equals_the_eager_one(verifier32):
+    """The compiled forward, float32: the eager dynamic-cache logits to float rounding, with the
+    features a conditioned drafter reads (all hidden states requested when compiled)."""
+    prompt = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(2))
+    eager = TreeVerifier(verifier32, prompt, feature_layers=(1, 2))
+    compiled = StaticTreeVerifier(verifier32, prompt, feature_layers=(1, 2))
+    with torch.no_grad():
+        for (a, _), (b, _) in zip(
+            _rounds(eager, torch.Generator().manual_seed(3)),
+            _rounds(compiled, torch.Generator().manual_seed(3)),
+            strict=True,
+        ):
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(compiled.new_features, eager.new_features, atol=1e-4, rtol=1e-4)
+
+
+def test_warmed_verifier_never_compiles_while_decoding(verifier32):
+    """warm_compiled compiles every graph the loop runs: a decode after it (chains, trees of every
+    size tree: auto picks, plain decoding) compiles nothing, so no timed decode pays a compile."""
+    from torch._dynamo.utils import counters
+
+    drafter = NoisyOracleDrafter(verifier32, noise=0.2, seed=0)
+    prompt = torch.randint(0, VOCAB - 1, (1, 30), generator=torch.Generator().manual_seed(4))
+    # the first tree: auto decode measures the compiled forward's cost model (no new graph either)
+    speculative_generate(verifier32, drafter, prompt, max_new_tokens=8, gamma=4, temperature=0, compile=True)
+    frames = dict(counters["frames"])  # frames dynamo tried to compile: a cache hit counts none
+    for num_drafts in (1, 3, 8):
+        speculative_generate(
+            verifier32,
+            drafter,
+            prompt,
+            max_new_tokens=20,
+            gamma=6,
+            num_drafts=num_drafts,
+            temperature=0,
+            tree=None,
+            compile=True,
+        )
+    verifier_generate(verifier32, prompt, max_new_tokens=5, temperature=0, compile=True)
+    assert dict(counters["frames"]) == frames, "a decode after warm_compiled compiled a graph"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_compiled_decoding_is_greedy_identical(verifier32, seed):
+    """float32 through the compiled forward: token for token the verifier's own generate(), with
+    tree: auto (sized from the compiled forward's cost model), drafts as drawn (K = 1 and 4, every
+    rule that takes them) and plain decoding."""
+    prompt = torch.randint(0, VOCAB - 1, (1, 7 + seed), generator=torch.Generator().manual_seed(seed))
+    # EOS as generate() would stop at it (the loops read the verifier's generation_config)
+    ref = reference_greedy(verifier32, prompt, 30, eos_token_id=verifier32.generation_config.eos_token_id)
+    oracle = NoisyOracleDrafter(verifier32, noise=0.25, seed=seed)
+    diffusion = DiffusionDrafter(
+        tiny_model("qwen2", vocab_size=VOCAB, seed=100 + seed, dtype=torch.float32),
+        mask_token_id=VOCAB - 1,
+        shift_logits=True,
+    )
+    runs = [
+        (oracle, dict(tree="auto")),
+        (diffusion, dict(tree="auto")),
+        (oracle, dict(tree=None, num_drafts=4)),
+        (diffusion, dict(tree=None, acceptance="standard")),
+        (diffusion, dict(tree=None, acceptance="recursive", num_drafts=4)),
+    ]
+    for drafter, options in runs:
+        out = speculative_generate(
+            verifier32, drafter, prompt, max_new_tokens=30, gamma=5, temperature=0, compile=True, **options
+        )
+        assert out.sequences.tolist() == ref.tolist(), options
+    plain = verifier_generate(verifier32, prompt, max_new_tokens=30, temperature=0, compile=True)
+    assert plain.sequences.tolist() == ref.tolist()
+
+
+@pytest.mark.slow
+def test_compiled_sampling_is_exact():
+    """Sampling through the compiled forward (float64, tree: auto, greedy acceptance, K = 2): the
+    first three tokens are distributed as the verifier's, and the same counts reject a 2% bias."""
+    prompt, length = torch.tensor([[1, 2, 0]]), 3
+    verifier = tiny_model("qwen2", vocab_size=5, seed=0, dtype=torch.float64, hidden_size=16, num_layers=1)
+    drafter = DiffusionDrafter(
+        tiny_model("llama", vocab_size=5, seed=100, dtype=torch.float64, hidden_size=16, num_layers=1),
+        mask_token_id=4,
+        shift_logits=True,
+    )
+    generator = torch.Generator().manual_seed(0)
+
+    def draw():
+        out = speculative_generate(
+            verifier,
+            drafter,
+            prompt,
+            max_new_tokens=length,
+            gamma=length,
+            num_drafts=2,
+            draft_temperature=1.2,
+            generator=generator,
+            compile=True,
+        )
+        return tuple(out.sequences[0, prompt.shape[1] :].tolist())
+
+    counts = sample_counts(draw, 6000)
+    probs = exact_sequence_probs(verifier, prompt, length)
+    assert chi_square_test(counts, probs).pvalue > 1e-3
+    assert chi_square_test(counts, perturb(probs, 0.02)).pvalue < 1e-3
+    assert isinstance(counts, Counter) and sum(counts.values()) == 6000
+
+
+def test_compiled_cost_model_is_its_own(verifier32, tmp_path):
+    """tree: auto sizes compiled decodes from the compiled forward's cost: a cost model keyed by the
+    forward, cached in a file of its own beside the eager one."""
+    from specdiff_lightning.decoding.calibration import calibration_key, cost_model_for
+
+    eager = cost_model_for(verifier32, directory=tmp_path, nodes=(1, 2, 4), contexts=(8, 32), repeats=1)
+    compiled = cost_model_for(
+        verifier32, directory=tmp_path, compiled=True, nodes=(1, 2, 4), contexts=(8, 32), repeats=1
+    )
+    assert eager.key["forward"] == "eager" and compiled.key["forward"] == "compiled"
+    assert compiled.key == calibration_key(verifier32, compiled=True)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert len(names) == 2 and sum("-compiled-" in n for n in names) == 1, names
+    # read back from disk, not measured again
+    assert cost_model_for(verifier32, directory=tmp_path, compiled=True) is compiled
+
+
+def test_cache_capacity_takes_few_lengths():
+    assert cache_capacity(1) == MIN_CAPACITY == cache_capacity(MIN_CAPACITY)
+    assert cache_capacity(MIN_CAPACITY + 1) == 2 * MIN_CAPACITY
+    assert cache_capacity(5000) == 8192
+
+
+def test_compiled_forward_is_memoised_per_model(verifier32):
+    assert compiled_forward(verifier32) is compiled_forward(verifier32)
+
+
+def test_bad_compile_values_are_refused(verifier32):
+    prompt = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="compile must be True"):
+        verifier_generate(verifier32, prompt, max_new_tokens=2, compile="yes")
+    with pytest.raises(ValueError, match="decoding.compile must be true or false"):
+        DecodingConfig(gamma=4, compile="auto")
+    assert DecodingConfig(gamma=4, compile=True).generate_kwargs()["compile"] is True
+
+
+def test_sliding_window_verifier_is_refused_when_compiled():
+    from transformers import StaticCache
+
+    model = tiny_model("qwen2", vocab_size=32, use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    if all(type(layer).__name__ == "StaticLayer" for layer in cache.layers):
+        pytest.skip("this transformers version builds no sliding-window layers for this config")
+    with pytest.raises(ValueError, match="StaticLayer caches only"):
+        StaticTreeVerifier(model, torch.tensor([[1, 2]]))
