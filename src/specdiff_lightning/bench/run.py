@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..decoding.calibration import slowdown_text
+from ..decoding.compiled import warm_compiled
 from ..decoding.config import DecodingConfig
 from ..decoding.stats import GenerationOutput
 from ..decoding.timing import RoundProfiler, throughput, timed
@@ -125,6 +126,12 @@ def run_bench(
     def ids_of(p, m):
         return torch.tensor([p["prompt_ids"]], device=pair(m).verifier.device)
 
+    # Rows that decode through a compiled verifier compile its graphs first, untimed (reported as
+    # the row's compile_s, as the compiled HF peer's compilation is): no timed decode compiles.
+    compile_s: dict[str, float] = {}
+    for m in methods:
+        if m.kind in ("verifier", "sps", "diffusion") and method_config(cfg, m).compile:
+            compile_s[m.key] = warm_compiled(pair(m).verifier)
     for m in methods:
         for p in prompts[:warmup]:
             timed_generate(runner(m, None), ids_of(p, m), cfg.seed, pair(m).verifier.device)
@@ -172,10 +179,12 @@ def run_bench(
             )
         )
     for row in rows:
-        if row["compiled"]:  # the compiled peer: what its compilation (untimed warm-up) took
+        if row["kind"] == "hf_compiled":  # the compiled peer: what its compilation (untimed warm-up) took
             from .runners import compiled_copy
 
             row["compile_s"] = compiled_copy(models[row["dtype"]].verifier)[1]
+        elif row["key"] in compile_s:
+            row["compile_s"] = compile_s[row["key"]]
     _speedups(rows)
     for row in rows:
         for warning in row["warnings"]:
@@ -277,7 +286,7 @@ def _row(m, dtype, cfg, prompts, samples, reference, profiler, passed) -> dict:
         "pass_at_1": None if passed is None else sum(e["passed"] for e in per_prompt) / len(per_prompt),
         "per_prompt": per_prompt,
         "warnings": [],
-        "compiled": m.kind == "hf_compiled",
+        "compiled": m.kind == "hf_compiled" or bool(getattr(cfg, "compile", False)),
     }
     row["identical_to_verifier"] = row["identical"]
     if first[prompts[0]["id"]].verifier_calls is not None:
@@ -297,11 +306,12 @@ def _row(m, dtype, cfg, prompts, samples, reference, profiler, passed) -> dict:
 
 
 def _speedups(rows: list[dict]) -> None:
-    """``speedup``: over the fastest plain HF ``generate`` of any dtype (else our verifier loop);
+    """``speedup``: over the fastest plain decoding of any dtype (HF ``generate``, compiled or not, and
+    our verifier loop);
     ``speedup_vs_verifier``: over our verifier loop in the same dtype. Flags implausible rows: one
     verifier call per round costs at least a one-token step, so our loops cannot beat the same-dtype
     verifier loop by more than their tokens per call; and speculative rows slower than plain decoding."""
-    plain = [r for r in rows if r["role"] == "hf_generate"] or [r for r in rows if r["role"] == "verifier"]
+    plain = [r for r in rows if r["role"] in ("hf_generate", "verifier")]
     denominator = max(plain, key=lambda r: r["tokens_per_s"]) if plain else None
     ours = {r["dtype"]: r for r in rows if r["role"] == "verifier"}
     for r in rows:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from ..decoding.compiled import use_machine_inductor_cache
 from ..decoding.config import DecodingConfig
 from ..decoding.drafting import Drafter
 from ..decoding.generate import speculative_generate, verifier_generate
@@ -88,7 +89,7 @@ def compiled_copy(verifier: nn.Module) -> tuple[nn.Module, float]:
 
     if verifier in _COMPILED:
         return _COMPILED[verifier]
-    _inductor_cache_per_machine()
+    use_machine_inductor_cache()
     # stock F.linear in the copy: the dispatch of a measured kernel choice (decoding/kernels.py) is
     # Python that inductor would break its graph on; the peer is transformers' compiled path as shipped
     model = use_linear_kernels(copy.deepcopy(verifier), {})
@@ -109,24 +110,6 @@ def compiled_copy(verifier: nn.Module) -> tuple[nn.Module, float]:
         )
     _COMPILED[verifier] = (model, time.perf_counter() - start)
     return _COMPILED[verifier]
-
-
-def _inductor_cache_per_machine() -> None:
-    """Keep inductor's compiled kernels apart per machine and kernel level (unless the user chose a
-    directory): a kernel compiled for AVX512 crashes (segfault) when torch runs AVX2 kernels, as
-    after a change of CPU on a kept machine or under ATEN_CPU_CAPABILITY=avx2; measured here."""
-    import hashlib
-    import json
-    import os
-
-    from ..decoding.calibration import machine_info
-    from ..paths import cache_root
-
-    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
-        return
-    info = machine_info()
-    tag = hashlib.sha1(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor" / f"{info['cpu_capability']}-{tag}")
 
 
 def _hf_compiled(models, method, cfg, ids, generator, profiler):
