@@ -37,10 +37,12 @@ def verifier32():
 
 
 def _rounds(state, gen, rounds=6):
-    """Score random trees (shared prefixes, branches) and commit paths that are not contiguous;
-    yields each round's logits."""
-    for _ in range(rounds):
+    """Score random trees (shared prefixes, branches; every third a root alone, as plain decoding
+    sends) and commit paths that are not contiguous; yields each round's logits."""
+    for r in range(rounds):
         drafts = torch.randint(0, 3, (4, 3), generator=gen)  # a small alphabet: a branching trie
+        if r % 3 == 0:
+            drafts = drafts[:, :0]
         tree = build_tree(state.pending, drafts)
         logits = state.score(tree)
         k = int(torch.randint(0, 4, (1,), generator=gen))
@@ -141,6 +143,27 @@ def test_compiled_decoding_is_greedy_identical(verifier32, seed):
         assert out.sequences.tolist() == ref.tolist(), options
     plain = verifier_generate(verifier32, prompt, max_new_tokens=30, temperature=0, compile=True)
     assert plain.sequences.tolist() == ref.tolist()
+
+
+def test_trees_beyond_the_compiled_graph_compile_another(verifier32):
+    """A fixed tree larger than the graph's node range (K = 8 drafts of 10: up to 81 nodes, stock
+    SDPA) compiles a graph of its own on first use and stays greedy-identical."""
+    prompt = torch.randint(0, VOCAB - 1, (1, 9), generator=torch.Generator().manual_seed(7))
+    ref = reference_greedy(verifier32, prompt, 25, eos_token_id=verifier32.generation_config.eos_token_id)
+    drafter = NoisyOracleDrafter(verifier32, noise=0.5, seed=7)
+    out = speculative_generate(
+        verifier32,
+        drafter,
+        prompt,
+        max_new_tokens=25,
+        gamma=10,
+        num_drafts=8,
+        tree=None,
+        temperature=0,
+        compile=True,
+    )
+    assert out.sequences.tolist() == ref.tolist()
+    assert max(r.tree_size for r in out.stats.rounds) > 64
 
 
 @pytest.mark.slow

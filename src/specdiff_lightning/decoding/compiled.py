@@ -16,11 +16,15 @@ the length, as the dynamic cache's slicing does. Keys past the committed length 
 read: the tree mask spans the whole static length and allows only the committed prefix and the
 node's ancestors.
 
-Graphs: dynamo specialises a one-node forward (plain decoding) and compiles shape-dynamic graphs for
-2-64 nodes, one per branch of the attention kernel (:data:`~.attention.MAX_GROUPED_QUERIES`), so
-three in all per model, dtype and device; :func:`warm_compiled` compiles them before a timed run.
-The prefill runs eagerly (its length varies per prompt). Compiled kernels are cached on disk by
-inductor (per machine: :func:`use_machine_inductor_cache`), so a later process compiles in seconds.
+Graphs: one per model, dtype and device, shape-dynamic over 2-64 nodes (the node dimension is
+marked dynamic on the first tree, so dynamo does not compile a static graph first). A one-node tree
+(plain decoding) is sent as two nodes, the root and a dummy child whose logits are dropped: a graph
+of its own would cost ~40 s more to compile for a forward that measured no faster. Grouped SDPA
+serves every size inside the graph (:data:`~.attention.MAX_GROUPED_QUERIES_COMPILED`); a larger
+fixed tree compiles another graph on first use. :func:`warm_compiled` compiles before a timed run
+(SmolLM2 on a 2-core Xeon: 54 s with an empty inductor cache; three graphs took 135 s). The prefill
+runs eagerly (its length varies per prompt). Compiled kernels are cached on disk by inductor (per
+machine: :func:`use_machine_inductor_cache`), so a later process compiles in seconds.
 
 Lossless as before: greedy acceptance is exact for any logits the verifier gives, and the compiled
 forward *is* the verifier here; in float32 its logits match the eager forward's to rounding (tests
@@ -57,9 +61,9 @@ __all__ = [
 #: the smallest static cache allocated (positions); larger ones are the next power of two, so prompts
 #: of other lengths reuse the same compiled graphs
 MIN_CAPACITY = 512
-#: tree sizes :func:`warm_compiled` runs: one node, then two of each attention branch (the second of
-#: a branch makes dynamo compile it shape-dynamic)
-WARM_NODES = (1, 2, 3, 17, 18)
+#: tree sizes :func:`warm_compiled` runs: the first compiles the one graph, the others check that it
+#: serves them (one node, a tree, the largest tree ``tree: auto`` measures)
+WARM_NODES = (1, 2, 17, 64)
 #: compiled graphs dynamo may keep per function: every compiled model shares transformers' forward
 #: wrapper, and each model, dtype and branch is a graph (torch's default, 8, would send the ninth to
 #: eager without an error)
@@ -179,25 +183,38 @@ class StaticTreeVerifier(TreeVerifier):
 
     def score(self, tree: DraftTree) -> torch.Tensor:
         past, n = self._length, tree.size
-        if past + n > self._capacity:
-            self._grow(past + n)
+        # a one-node tree (plain decoding) goes through the same graph as every other tree, with a
+        # dummy child of the root: its logits are dropped, its keys land after the root's, past the
+        # committed length, so nothing ever reads them (dynamo would compile a graph of its own
+        # for one node, ~40 s on 2 cores, for a forward no faster than two nodes' in it)
+        width = 2 if self.compile and n == 1 else n
+        if past + width > self._capacity:
+            self._grow(past + width)
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(past)  # StaticLayer writes there (module docstring)
         device = tree.tokens.device
-        allowed = torch.zeros(1, n, self._capacity, dtype=torch.bool, device=device)
+        tokens, depth = tree.tokens, tree.depth
+        allowed = torch.zeros(1, width, self._capacity, dtype=torch.bool, device=device)
         allowed[0, :, :past] = True
-        allowed[0, :, past : past + n] = tree.ancestors
-        forward = compiled_forward(self.model) if self.compile else self.model
-        out = forward(
-            input_ids=tree.tokens[None],
+        allowed[0, :n, past : past + n] = tree.ancestors
+        if width > n:
+            tokens, depth = tokens.repeat(2), torch.tensor([0, 1], device=device)
+            allowed[0, 1, past : past + 2] = True
+        inputs = dict(
+            input_ids=tokens[None],
             attention_mask=to_model_mask(allowed, self.model, self.dtype),
-            position_ids=(past + tree.depth)[None],
-            cache_position=torch.arange(past, past + n, device=device),
-            cache=self.cache,
-            use_cache=True,
-            **self._feature_kwargs(),
+            position_ids=(past + depth)[None],
+            cache_position=torch.arange(past, past + width, device=device),
         )
+        if self.compile:
+            _mark_nodes_dynamic(inputs)
+        forward = compiled_forward(self.model) if self.compile else self.model
+        out = forward(**inputs, cache=self.cache, use_cache=True, **self._feature_kwargs())
         self._length = past + n
+        if width > n:
+            out.logits = out.logits[:, :n]
+            if out.hidden_states is not None:
+                out.hidden_states = tuple(h[:, :n] for h in out.hidden_states)
         return self._scored(out, tree)
 
     def commit(self, tree: DraftTree, kept_nodes: torch.Tensor, next_token: int) -> None:
@@ -216,6 +233,21 @@ class StaticTreeVerifier(TreeVerifier):
     def discard(self, tree: DraftTree) -> None:
         self._length -= tree.size
         self._tree_features = None
+
+
+#: the node counts one compiled graph serves (a one-node tree is sent as two nodes; larger trees than
+#: this compile another graph when they first come)
+_NODES = (2, 64)
+
+
+def _mark_nodes_dynamic(inputs: dict) -> None:
+    """Tell dynamo the node dimension varies, so the first tree compiles the shape-dynamic graph
+    every later size reuses (left to itself, it compiles a static graph first, then a dynamic one)."""
+    n = inputs["input_ids"].shape[1]
+    if not _NODES[0] <= n <= _NODES[1]:
+        return
+    for name, dim in (("input_ids", 1), ("attention_mask", 2), ("position_ids", 1), ("cache_position", 0)):
+        torch._dynamo.mark_dynamic(inputs[name], dim, min=_NODES[0], max=_NODES[1])
 
 
 @torch.no_grad()
