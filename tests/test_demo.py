@@ -124,12 +124,31 @@ def test_the_demo_drops_the_dflash_ablations_before_rows_that_targets_compare():
     compared = {"specdiff2_k1_bf16", "specdiff2_k4_bf16", "mdm_k1_bf16"} & {m.key for m in full}
     assert ablations and compared
     seen_partial = False
-    for step in range(16, 60):
-        keys = {m.key for m in size_to_budget(full, p, {"float32": float(step), "bfloat16": float(step)})[0]}
+    for step in (x / 4 for x in range(40, 240)):  # 10-60 ms, finely: the window is narrow
+        keys = {m.key for m in size_to_budget(full, p, {"float32": step, "bfloat16": step})[0]}
         if not compared <= keys:
             assert not ablations & keys, step
         seen_partial |= not ablations & keys and compared <= keys
     assert seen_partial  # some budget keeps the compared rows and only drops the ablations
+
+
+def test_the_headline_rows_keep_their_repeats_longest():
+    """The compiled peer and the best (compiled) row, whose ratio the speed target reads, are the
+    last rows to go down to one repeat: at every budget where any row keeps two, they do."""
+    from specdiff_lightning.demo.smollm2 import SMOL_PRESETS, size_to_budget, smollm2_methods
+
+    p = SMOL_PRESETS["smollm2"]
+    full = smollm2_methods(p, "bfloat16")
+    headline = {"hf_generate_compiled_bf16", "specdiff2_fc_auto_store_compiled_bf16"}
+    assert headline <= {m.key for m in full}
+    seen_alone = False
+    for step in range(10, 120, 5):
+        rows = size_to_budget(full, p, {"float32": float(step), "bfloat16": float(step)})[0]
+        repeats = {m.key: p.repeats if m.repeats is None else m.repeats for m in rows}
+        if max(repeats.values()) > 1:
+            assert all(repeats[k] >= 2 for k in headline), step
+        seen_alone |= all(repeats[k] >= 2 for k in headline) and repeats["hf_generate_bf16"] == 1
+    assert seen_alone  # some budget keeps repeats for the headline pair only
 
 
 def test_the_speed_target_follows_the_machine_class_torch_kernels_use():
