@@ -79,11 +79,17 @@ def use_machine_inductor_cache() -> None:
     """Keep inductor's compiled kernels apart per machine and kernel level (unless the user chose a
     directory with ``TORCHINDUCTOR_CACHE_DIR``): a kernel compiled for AVX512 crashes (segfault) when
     torch runs AVX2 kernels, as after a change of CPU on a kept machine or under
-    ``ATEN_CPU_CAPABILITY=avx2``; measured here."""
+    ``ATEN_CPU_CAPABILITY=avx2``; measured here.
+
+    inductor writes its default directory into ``TORCHINDUCTOR_CACHE_DIR`` the first time it looks
+    it up (importing lightning or peft does), so that value is taken for "not chosen" too."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     from ..paths import cache_root
     from .calibration import machine_info
 
-    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is not None and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
         return
     info = machine_info()
     tag = hashlib.sha1(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
@@ -242,12 +248,16 @@ _NODES = (2, 64)
 
 def _mark_nodes_dynamic(inputs: dict) -> None:
     """Tell dynamo the node dimension varies, so the first tree compiles the shape-dynamic graph
-    every later size reuses (left to itself, it compiles a static graph first, then a dynamic one)."""
+    every later size reuses (left to itself, it compiles a static graph first, then a dynamic one).
+
+    A hint, not a constraint (``maybe_mark_dynamic``): a compiled artifact reused from inductor's
+    disk cache brings the shape guards it was compiled under (an older graph's ``n <= 16``, say);
+    with a hard range that is an error, with a hint a tree outside them compiles once more."""
     n = inputs["input_ids"].shape[1]
     if not _NODES[0] <= n <= _NODES[1]:
         return
     for name, dim in (("input_ids", 1), ("attention_mask", 2), ("position_ids", 1), ("cache_position", 0)):
-        torch._dynamo.mark_dynamic(inputs[name], dim, min=_NODES[0], max=_NODES[1])
+        torch._dynamo.maybe_mark_dynamic(inputs[name], dim)
 
 
 @torch.no_grad()
