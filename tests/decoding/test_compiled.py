@@ -6,6 +6,7 @@ One model per dtype is compiled for the whole module (a fixture): each compile c
 seconds on 2 cores, the runs after it milliseconds.
 """
 
+import os
 from collections import Counter
 
 import pytest
@@ -245,3 +246,22 @@ def test_sliding_window_verifier_is_refused_when_compiled():
         pytest.skip("this transformers version builds no sliding-window layers for this config")
     with pytest.raises(ValueError, match="StaticLayer caches only"):
         StaticTreeVerifier(model, torch.tensor([[1, 2]]))
+
+
+def test_inductor_kernels_are_kept_per_machine(monkeypatch, tmp_path):
+    """Compiled kernels go to a directory per machine and kernel level under the cache root, unless
+    the user chose one; inductor's own default (which it writes into the environment when lightning
+    is imported) is not a choice."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from specdiff_lightning.decoding.calibration import machine_info
+    from specdiff_lightning.decoding.compiled import use_machine_inductor_cache
+
+    monkeypatch.setenv("SPECDIFF_CACHE", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    use_machine_inductor_cache()
+    chosen = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert chosen.startswith(str(tmp_path / "inductor" / machine_info()["cpu_capability"]))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    use_machine_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
