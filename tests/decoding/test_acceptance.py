@@ -53,6 +53,24 @@ def test_temperature_zero_is_one_hot_argmax_first_on_ties():
     assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_greedy_tokens_are_argmax(dtype):
+    """The decoding loops' greedy pick equals torch.argmax (what generate() uses) on ties, -inf rows,
+    NaN and a vocabulary-sized random batch."""
+    from specdiff_lightning.decoding.sampling import greedy_tokens
+
+    inf, nan = float("inf"), float("nan")
+    rows = torch.tensor(
+        [[1.0, 3.0, 3.0, 0.0], [-inf, -inf, -inf, -inf], [0.0, nan, 5.0, nan], [2.0, 2.0, 2.0, 2.0]],
+        dtype=dtype,
+    )
+    assert torch.equal(greedy_tokens(rows), rows.argmax(-1))
+    big = torch.randn(16, 49152, generator=torch.Generator().manual_seed(0)).to(dtype)
+    big[3, 100] = big[3, 200] = big[3].max() + 1  # a tie at the top
+    assert torch.equal(greedy_tokens(big), big.argmax(-1))
+    assert torch.equal(greedy_tokens(big, keepdim=True), big.argmax(-1, keepdim=True))
+
+
 P = _dist([0.5, 0.2, 0.2, 0.1], [0.1, 0.6, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25])
 Q = _dist([0.1, 0.1, 0.4, 0.4], [0.4, 0.3, 0.2, 0.1])
 TARGET = {(t,): float(P[0, t]) for t in range(V)}

@@ -90,6 +90,35 @@ def test_compiled_verifier_equals_the_eager_one(verifier32):
             torch.testing.assert_close(compiled.new_features, eager.new_features, atol=1e-4, rtol=1e-4)
 
 
+def test_compiled_formulations_equal_the_eager_verifier():
+    """The other compiled plan (linear layers as ``W @ x^T``, a one-node graph of its own rather
+    than a dummy second node): the same logits as the eager verifier round by round, root-only
+    rounds included, and greedy identity with generate()."""
+    from specdiff_lightning.decoding.kernels import compiled_kernels, use_linear_kernels
+
+    model = tiny_model("qwen2", vocab_size=VOCAB, seed=12, dtype=torch.float32)
+    use_linear_kernels(model, {}, {"kernel": "transposed", "one_node": True})
+    assert compiled_kernels(model) == {"kernel": "transposed", "one_node": True}
+    prompt = torch.randint(0, VOCAB - 1, (1, 11), generator=torch.Generator().manual_seed(5))
+    eager = TreeVerifier(model, prompt, feature_layers=(2,))
+    compiled = StaticTreeVerifier(model, prompt, feature_layers=(2,))
+    with torch.no_grad():
+        for (a, ta), (b, tb) in zip(
+            _rounds(eager, torch.Generator().manual_seed(6)),
+            _rounds(compiled, torch.Generator().manual_seed(6)),
+            strict=True,
+        ):
+            assert ta.size == tb.size
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(compiled.new_features, eager.new_features, atol=1e-4, rtol=1e-4)
+    ref = reference_greedy(model, prompt, 20, eos_token_id=model.generation_config.eos_token_id)
+    oracle = NoisyOracleDrafter(model, noise=0.3, seed=1)
+    out = speculative_generate(model, oracle, prompt, max_new_tokens=20, gamma=4, temperature=0, compile=True)
+    assert out.sequences.tolist() == ref.tolist()
+    plain = verifier_generate(model, prompt, max_new_tokens=20, temperature=0, compile=True)
+    assert plain.sequences.tolist() == ref.tolist()
+
+
 def test_warmed_verifier_never_compiles_while_decoding(verifier32):
     """warm_compiled compiles every graph the loop runs: a decode after it (chains, trees of every
     size tree: auto picks, plain decoding) compiles nothing, so no timed decode pays a compile."""

@@ -98,6 +98,33 @@ def test_the_choice_is_measured_on_the_models_own_weights_and_enters_the_calibra
     assert torch.equal(out, ref)
 
 
+def test_the_compiled_formulation_is_measured_and_cached_with_the_kernels(tmp_path, monkeypatch):
+    """choose_compiled_kernels streams every weight in both formulations and returns a plan a model
+    takes; prepare_kernels caches it beside the eager choice, and the cost models key on it."""
+    from specdiff_lightning.decoding.kernels import (
+        COMPILED_KERNELS,
+        choose_compiled_kernels,
+        compiled_kernels,
+    )
+
+    model = tiny_model("llama", vocab_size=64, hidden_size=64, num_layers=2)
+    plan = choose_compiled_kernels(model, rows=(2, 4), repeats=2)
+    assert set(plan) == {"kernel", "one_node"} and plan["kernel"] in COMPILED_KERNELS
+    monkeypatch.setattr(calibration, "calibration_dir", lambda: tmp_path)
+    monkeypatch.setattr(
+        calibration, "choose_compiled_kernels", lambda m: {"kernel": "transposed", "one_node": True}
+    )
+    prepare_kernels(model)
+    (path,) = tmp_path.glob("kernels-*.json")
+    assert json.loads(path.read_text())["compiled"] == {"kernel": "transposed", "one_node": True}
+    assert compiled_kernels(model) == {"kernel": "transposed", "one_node": True}
+    assert calibration_key(model)["model"]["compiled_kernels"] == compiled_kernels(model)
+    use_linear_kernels(model, {})
+    assert compiled_kernels(model) == {"kernel": "linear", "one_node": False}  # stock again
+    with pytest.raises(ValueError, match="compiled linear kernel"):
+        use_linear_kernels(model, {}, {"kernel": "packed"})
+
+
 def test_a_cached_choice_of_an_older_format_or_a_corrupt_one_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setattr(calibration, "calibration_dir", lambda: tmp_path)
     calls = []
@@ -111,9 +138,13 @@ def test_a_cached_choice_of_an_older_format_or_a_corrupt_one_is_measured_again(t
     data = json.loads(path.read_text())
     path.write_text(json.dumps({"key": data["key"], "rows": [3]}))  # the format before packed weights
     prepare_kernels(model)
+    data = json.loads(path.read_text())
+    del data["compiled"]
+    path.write_text(json.dumps({**data, "version": 2}))  # before the compiled formulation
+    prepare_kernels(model)
     path.write_text("{not json")
     prepare_kernels(model)
-    assert len(calls) == 3 and linear_kernel_choice(model) == {"transposed": [3]}
+    assert len(calls) == 4 and linear_kernel_choice(model) == {"transposed": [3]}
 
 
 @needs_packing

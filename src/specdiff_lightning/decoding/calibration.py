@@ -26,7 +26,13 @@ from torch import nn
 
 from ..paths import atomic_write, cache_root
 from .costmodel import COST_MODEL_VERSION, CostModel, isotonic
-from .kernels import choose_linear_kernels, linear_kernel_choice, use_linear_kernels
+from .kernels import (
+    choose_compiled_kernels,
+    choose_linear_kernels,
+    compiled_kernels,
+    linear_kernel_choice,
+    use_linear_kernels,
+)
 from .timing import now
 
 __all__ = [
@@ -60,9 +66,9 @@ COMPILED_CONTEXTS = (64, 384)
 _FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni")
 #: environment variables that change the kernels torch picks (the AVX2 emulation sets them)
 _KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
-#: the format of a cached kernel choice (2: ``{rows: kernel}`` with packed weights; 1 held the rows of
-#: ``W @ x^T`` only and is measured again)
-KERNEL_CHOICE_VERSION = 2
+#: the format of a cached kernel choice (3: with the compiled forward's formulation; 2: ``{rows:
+#: kernel}`` with packed weights; 1 held the rows of ``W @ x^T`` only; older ones are measured again)
+KERNEL_CHOICE_VERSION = 3
 
 _MEMO: dict[str, CostModel] = {}
 
@@ -115,6 +121,7 @@ def _model_id(model: nn.Module) -> dict:
         "vocab": int(getattr(config, "vocab_size", 0)),
         "attention": str(getattr(config, "_attn_implementation", "")),
         "linear_kernels": linear_kernel_choice(model),
+        "compiled_kernels": compiled_kernels(model),
     }
 
 
@@ -320,25 +327,31 @@ def fastest_dtype(model: nn.Module, candidates: tuple[torch.dtype, ...] | None =
 
 def prepare_kernels(model: nn.Module) -> nn.Module:
     """``model`` with the linear kernels measured fastest here for its dtype
-    (:func:`~.kernels.choose_linear_kernels`), the choice cached on disk beside the cost models so
+    (:func:`~.kernels.choose_linear_kernels`) and the formulation its compiled forward takes
+    (:func:`~.kernels.choose_compiled_kernels`), the choice cached on disk beside the cost models so
     every process makes the same one (and so reads the same cost model). Returns ``model``."""
     use_linear_kernels(model, set())
     key = calibration_key(model)
     path = (calibration_dir()) / f"kernels-{key['dtype']}-{_key_hash(key)}.json"
-    choice = None
+    choice = compiled = None
     try:
         data = json.loads(path.read_text())
         if data.get("key") == key and data.get("version") == KERNEL_CHOICE_VERSION:
             choice = {int(m): str(k) for m, k in data["kernels"].items()}
+            compiled = {
+                "kernel": str(data["compiled"]["kernel"]),
+                "one_node": bool(data["compiled"]["one_node"]),
+            }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         choice = None  # missing, corrupt, another model's or an older format's: measure again
-    if choice is None:
-        choice = choose_linear_kernels(model)
+    if choice is None or compiled is None:
+        choice, compiled = choose_linear_kernels(model), choose_compiled_kernels(model)
         try:
-            _write_json(path, {"key": key, "version": KERNEL_CHOICE_VERSION, "kernels": choice})
+            data = {"key": key, "version": KERNEL_CHOICE_VERSION, "kernels": choice, "compiled": compiled}
+            _write_json(path, data)
         except OSError as err:
             warnings.warn(f"could not cache the kernel choice in {path} ({err})", stacklevel=2)
-    return use_linear_kernels(model, choice)
+    return use_linear_kernels(model, choice, compiled)
 
 
 class SlowerThanPlainWarning(UserWarning):

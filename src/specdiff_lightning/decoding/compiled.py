@@ -18,8 +18,10 @@ node's ancestors.
 
 Graphs: one per model, dtype and device, shape-dynamic over 2-64 nodes (the node dimension is
 marked dynamic on the first tree, so dynamo does not compile a static graph first). A one-node tree
-(plain decoding) is sent as two nodes, the root and a dummy child whose logits are dropped: a graph
-of its own would cost ~40 s more to compile for a forward that measured no faster. Grouped SDPA
+(plain decoding) is sent as two nodes, the root and a dummy child whose logits are dropped, where
+two rows cost no more than one (a graph of its own would cost ~40 s more to compile); where they
+cost double (float32 with AVX2 kernels) it gets its own graph (:func:`~.kernels.compiled_kernels`,
+measured per machine, model and dtype, with the formulation of the linear layers). Grouped SDPA
 serves every size inside the graph (:data:`~.attention.MAX_GROUPED_QUERIES_COMPILED`); a larger
 fixed tree compiles another graph on first use. :func:`warm_compiled` compiles before a timed run
 (SmolLM2 on a 2-core Xeon: 54 s with an empty inductor cache; three graphs took 135 s). The prefill
@@ -45,6 +47,7 @@ import torch
 from torch import nn
 
 from .attention import to_model_mask
+from .kernels import compiled_kernels
 from .tree import DraftTree, build_tree
 from .verifier import TreeVerifier
 
@@ -136,6 +139,7 @@ class StaticTreeVerifier(TreeVerifier):
         self._capacity = cache_capacity(max(int(capacity), int(input_ids.shape[1])))
         self._length = 0
         self.compile = bool(compile)
+        self._one_node = compiled_kernels(model)["one_node"]
         super().__init__(model, input_ids, feature_layers)
 
     def _new_cache(self, prompt_length: int):
@@ -191,9 +195,10 @@ class StaticTreeVerifier(TreeVerifier):
         past, n = self._length, tree.size
         # a one-node tree (plain decoding) goes through the same graph as every other tree, with a
         # dummy child of the root: its logits are dropped, its keys land after the root's, past the
-        # committed length, so nothing ever reads them (dynamo would compile a graph of its own
-        # for one node, ~40 s on 2 cores, for a forward no faster than two nodes' in it)
-        width = 2 if self.compile and n == 1 else n
+        # committed length, so nothing ever reads them. Dynamo would compile a graph of its own for
+        # one node (~40 s on 2 cores), which pays only where a row costs much less than two
+        # (compiled_kernels: measured per machine, model and dtype)
+        width = 2 if self.compile and n == 1 and not self._one_node else n
         if past + width > self._capacity:
             self._grow(past + width)
         for layer in self.cache.layers:

@@ -37,6 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
+    "COMPILED_KERNELS",
+    "choose_compiled_kernels",
+    "compiled_kernels",
     "KERNELS",
     "ROWS",
     "KERNEL_MARGIN",
@@ -53,6 +56,11 @@ ROWS = (*range(1, 17), 24, 32, 64)
 #: another kernel must be this much faster (median) than stock ``F.linear`` to be chosen: a choice
 #: within noise would only add a dispatch
 KERNEL_MARGIN = 0.9
+
+#: the formulations a compiled forward may use: one for every row count (see the module docstring)
+COMPILED_KERNELS = ("linear", "transposed")
+#: a model's compiled formulation where none was measured: stock, one graph (one-node trees padded)
+_DEFAULT_COMPILED = {"kernel": "linear", "one_node": False}
 
 #: module -> (packed weight, (dtype, data pointer, version) of the weight it was packed from)
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -94,10 +102,20 @@ def _grid_row(m: int) -> int:
     return ROWS[min(i, len(ROWS) - 1)]
 
 
-def _dispatch_linear(module: nn.Linear, table: Mapping[int, str], x: torch.Tensor) -> torch.Tensor:
+def _transposed(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    flat = x.reshape(-1, x.shape[-1])
+    out = (module.weight @ flat.T).T  # [m, out]: W @ x^T
+    if module.bias is not None:
+        out = out + module.bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _dispatch_linear(
+    module: nn.Linear, table: Mapping[int, str], compiled: str, x: torch.Tensor
+) -> torch.Tensor:
     if torch.compiler.is_compiling():
-        # a compiled forward chooses its own kernels (inductor; weights prepacked when frozen)
-        return F.linear(x, module.weight, module.bias)
+        # one formulation for every size (traced once: the row count is symbolic in the graph)
+        return _transposed(module, x) if compiled == "transposed" else F.linear(x, module.weight, module.bias)
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
     kernel = table.get(m if m in table else _grid_row(m), "linear")
     weight = module.weight
@@ -111,11 +129,7 @@ def _dispatch_linear(module: nn.Linear, table: Mapping[int, str], x: torch.Tenso
     if kernel == "packed":
         x = x if x.is_contiguous() else x.contiguous()
         return _packed_product(x, _packed_weight(module), module.bias)
-    flat = x.reshape(-1, x.shape[-1])
-    out = (weight @ flat.T).T  # [m, out]: W @ x^T, the faster kernel for these m rows
-    if module.bias is not None:
-        out = out + module.bias
-    return out.reshape(*x.shape[:-1], out.shape[-1])
+    return _transposed(module, x)  # the faster kernel for these m rows
 
 
 def _time(fn, repeats: int) -> float:
@@ -160,29 +174,85 @@ def choose_linear_kernels(
     return chosen
 
 
-def use_linear_kernels(model: nn.Module, choice: Mapping[int, str] | Collection[int]) -> nn.Module:
+def use_linear_kernels(
+    model: nn.Module, choice: Mapping[int, str] | Collection[int], compiled: Mapping | None = None
+) -> nn.Module:
     """Make every ``nn.Linear`` of ``model`` dispatch on its input's row count: ``choice`` maps row
     counts to a kernel of :data:`KERNELS` (a plain collection of counts means ``"transposed"``);
-    other counts take ``F.linear``; empty restores plain ``F.linear``. Returns ``model``."""
+    other counts take ``F.linear``; empty restores plain ``F.linear``. ``compiled``: the formulation
+    a compiled forward takes (:func:`choose_compiled_kernels`; None: stock, one graph). Returns
+    ``model``."""
     table = dict(choice) if isinstance(choice, Mapping) else dict.fromkeys(choice, "transposed")
     table = {int(m): str(k) for m, k in table.items() if k != "linear"}
     unknown = sorted(set(table.values()) - set(KERNELS))
     if unknown:
         raise ValueError(f"unknown linear kernel(s) {unknown}; the kernels are {list(KERNELS)}")
+    plan = {**_DEFAULT_COMPILED, **(compiled or {})}
+    if plan["kernel"] not in COMPILED_KERNELS:
+        raise ValueError(
+            f"unknown compiled linear kernel {plan['kernel']!r}; a compiled forward takes {list(COMPILED_KERNELS)}"
+        )
+    plan = {"kernel": str(plan["kernel"]), "one_node": bool(plan["one_node"])}
     first = next(model.parameters(), None)
     if "packed" in table.values() and first is not None and not packing_available(first.dtype):
         table = {m: k for m, k in table.items() if k != "packed"}
     for module in model.modules():
         if isinstance(module, nn.Linear):
             _PACKED.pop(module, None)
-            if table:
-                module.forward = partial(_dispatch_linear, module, table)
+            if table or plan["kernel"] != "linear":
+                module.forward = partial(_dispatch_linear, module, table, plan["kernel"])
             else:
                 module.__dict__.pop("forward", None)
     model.linear_kernels = {
         k: sorted(m for m, v in table.items() if v == k) for k in KERNELS[1:] if k in table.values()
     }
+    model.compiled_kernels = plan
     return model
+
+
+def compiled_kernels(model: nn.Module) -> dict:
+    """``{"kernel", "one_node"}``: the formulation ``model``'s compiled forward takes and whether a
+    one-node tree gets a graph of its own (:func:`choose_compiled_kernels`; stock and padded where
+    none was chosen)."""
+    return dict(getattr(model, "compiled_kernels", _DEFAULT_COMPILED))
+
+
+def _sweep(weights: list[torch.Tensor], rows: int, kernel: str) -> float:
+    """Seconds of one pass of ``rows`` rows through every weight in turn, as a forward reads them."""
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
+    start = time.perf_counter()
+    for w in weights:
+        x = inputs[w.shape[1]]
+        if kernel == "transposed":
+            w @ x.T  # the product; its transpose is a view
+        else:
+            F.linear(x, w)
+    return time.perf_counter() - start
+
+
+@torch.no_grad()
+def choose_compiled_kernels(model: nn.Module, rows: tuple[int, ...] = (2, 8, 16), repeats: int = 5) -> dict:
+    """The formulation of :data:`COMPILED_KERNELS` with which passes over all of ``model``'s weights
+    (every ``nn.Linear``, head included) at ``rows`` rows take least time summed (another than
+    ``"linear"`` only when :data:`KERNEL_MARGIN` faster), and ``one_node``: whether a one-row pass
+    costs less than 0.9 of a two-row one in it (then a one-node tree gets a graph of its own rather
+    than a dummy second node). Interleaved, medians; a few seconds. CPU models only (stock, padded,
+    elsewhere)."""
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
+    if not weights or weights[0].device.type != "cpu":
+        return dict(_DEFAULT_COMPILED)
+    times: dict[tuple[str, int], list[float]] = {}
+    sizes = tuple(sorted({1, 2, *rows}))
+    for r in range(repeats + 1):
+        for kernel in COMPILED_KERNELS:
+            for m in sizes:
+                elapsed = _sweep(weights, m, kernel)
+                if r:  # the first pass warms
+                    times.setdefault((kernel, m), []).append(elapsed)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    total = {k: sum(med[(k, m)] for m in rows) for k in COMPILED_KERNELS}
+    kernel = "transposed" if total["transposed"] < KERNEL_MARGIN * total["linear"] else "linear"
+    return {"kernel": kernel, "one_node": med[(kernel, 1)] < 0.9 * med[(kernel, 2)]}
 
 
 def linear_kernel_choice(model: nn.Module) -> dict[str, list[int]]:
