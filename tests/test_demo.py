@@ -164,3 +164,25 @@ def test_the_speed_target_follows_the_machine_class_torch_kernels_use():
     assert bound({"cpu_flags": flags, "cpu_capability": "AVX512"}) == 2.0
     assert bound({"cpu_flags": flags, "cpu_capability": "AVX2"}) == 1.3  # the AVX2 emulation
     assert bound({"cpu_flags": ["avx2"], "cpu_capability": "AVX2"}) == 1.3
+
+
+def test_the_speed_targets_divide_by_the_fastest_plain_decoding_of_any_kind():
+    """Our compiled plain decoding is plain decoding too: where it beats HF's compiled generate, the
+    speed-up targets divide by it (a stricter denominator, never a weaker one)."""
+    from specdiff_lightning.bench.targets import check_targets
+    from specdiff_lightning.demo.smollm2 import smollm2_targets
+
+    def row(key, role, tps):
+        return {"key": key, "method": key, "role": role, "sweep": None, "tokens_per_s": tps}
+
+    report = {
+        "rows": [
+            row("hf_generate_compiled_bf16", "hf_generate", 27.4),
+            row("verifier_compiled_bf16", "verifier", 31.3),
+            row("specdiff2_fc_auto_store_compiled_bf16", "specdiff2", 66.5),
+        ]
+    }
+    machine = {"cpu_flags": ["avx512_bf16"], "cpu_capability": "AVX512"}
+    _, results = check_targets(report, smollm2_targets(4, machine)[:2])
+    assert [round(r["figure"], 3) for r in results] == [round(66.5 / 31.3, 3)] * 2
+    assert all(r["reference"][1] == "verifier_compiled_bf16" for r in results)

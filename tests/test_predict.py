@@ -17,8 +17,9 @@ from specdiff_lightning.predict import DecodingMetrics, JsonlPredictionWriter
     [
         {},
         {"tree": {"min_confidence": 0.05, "siblings": [0], "branch_width": 2}, "lookup": {"num_lookups": 2}},
+        {"tree": "auto", "compile": True},  # decoding.compile: the compiled verifier (baseline too)
     ],
-    ids=["plain", "tree+lookup"],
+    ids=["plain", "tree+lookup", "auto+compiled"],
 )
 def test_predict_writes_jsonl_and_summary(tmp_path, capsys, shape):
     model = tiny_distillation(**shape)

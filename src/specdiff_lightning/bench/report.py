@@ -55,7 +55,8 @@ def markdown_table(report: dict) -> str:
     lines += [
         "",
         "tokens/s: (new tokens - 1) / wall time summed over the prompts, median over repeats. speed-up: over "
-        f"the fastest plain HF `generate` of any dtype (`{report['rows'][0].get('speedup_denominator', '?') if report['rows'] else '?'}`); "
+        "the fastest plain decoding of any dtype (HF `generate`, compiled or not, or our verifier loop: "
+        f"`{report['rows'][0].get('speedup_denominator', '?') if report['rows'] else '?'}`); "
         "vs verifier loop: over our own verifier-only loop in the same dtype. accepted/call excludes the token "
         "each verifier call adds itself; tokens/call includes it. identical: share of prompts whose output "
         "equals the verifier's own greedy `generate()` in the same dtype.",

@@ -22,6 +22,17 @@ def best_row(report: dict, role: str, where: Callable[[dict], bool] = lambda r: 
     return max(rows, key=lambda r: r["tokens_per_s"]) if rows else None
 
 
+#: the roles of plain decoding (no drafts): HF ``generate``, compiled or not, and our verifier loop,
+#: eager or compiled; a speed-up is over the fastest of them
+PLAIN_ROLES = ("hf_generate", "verifier")
+
+
+def fastest_plain(report: dict) -> dict | None:
+    """The fastest main row of plain decoding (:data:`PLAIN_ROLES`), in any dtype."""
+    rows = [x for x in (best_row(report, role) for role in PLAIN_ROLES) if x is not None]
+    return max(rows, key=lambda r: r["tokens_per_s"]) if rows else None
+
+
 def figure(row: dict | None, field: str) -> Figure:
     """``(row[field], row's label)`` or None."""
     return None if row is None or row.get(field) is None else (float(row[field]), row["method"])
