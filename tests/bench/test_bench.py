@@ -101,22 +101,32 @@ def test_a_repeated_settings_row_is_refused_naming_the_fix():
 
 
 @pytest.mark.slow
-def test_the_compiled_peer_runs_on_its_own_copy_and_matches_generate():
+@pytest.mark.parametrize("gemm", ["stock", "autotune"])
+def test_the_compiled_peer_runs_on_its_own_copy_and_matches_generate(gemm):
     """Issue 17: HF generate with a static cache and torch.compile, warmed up past its recompiles, on
-    a copy of the verifier (no other row runs a compiled model); float32 output equals generate()."""
-    from specdiff_lightning.bench.runners import _compile_config, compiled_copy, hf_generate
+    a copy of the verifier (no other row runs a compiled model); float32 output equals generate().
+    With the CPU plan (weights frozen, inductor's GEMMs) the copy compiles as our verifier does, and
+    a longer prompt (transformers makes a new, larger static cache) still decodes right: no cache's
+    tensors are baked into the graph."""
+    from types import SimpleNamespace
+
+    from specdiff_lightning.bench.runners import _hf_compiled, compiled_copy, hf_generate
+    from specdiff_lightning.decoding.compiled import inductor_options
     from specdiff_lightning.decoding.config import DecodingConfig
+    from specdiff_lightning.decoding.kernels import cpp_gemm_available, use_linear_kernels
     from specdiff_lightning.models import tiny_model
 
+    if gemm == "autotune" and not cpp_gemm_available():
+        pytest.skip("inductor's C++ GEMM template needs a CPU with AVX2 or better")
     verifier = tiny_model("llama", vocab_size=64, hidden_size=32, num_layers=1, seed=3)
+    use_linear_kernels(verifier, {}, {"gemm": gemm})
     model, seconds = compiled_copy(verifier)
     assert model is not verifier and seconds > 0 and compiled_copy(verifier)[0] is model
+    assert bool(inductor_options(model)) == (gemm == "autotune")
     cfg = DecodingConfig(gamma=4, max_new_tokens=12)
-    for length in (5, 9):
+    for length in (5, 9, 30):
         ids = torch.arange(1, length + 1)[None]
-        compiled = hf_generate(
-            model, ids, cfg, cache_implementation="static", compile_config=_compile_config()
-        )
+        compiled = _hf_compiled(SimpleNamespace(verifier=verifier), None, cfg, ids, None, None)
         assert compiled == hf_generate(verifier, ids, cfg)
     assert getattr(verifier, "_compiled_call", None) is None  # the shared verifier stays eager
 

@@ -23,6 +23,7 @@ from specdiff_lightning.decoding.compiled import (
     warm_compiled,
 )
 from specdiff_lightning.decoding.config import DecodingConfig
+from specdiff_lightning.decoding.kernels import cpp_gemm_available
 from specdiff_lightning.models import tiny_model
 from specdiff_lightning.testing import chi_square_test, exact_sequence_probs, perturb, sample_counts
 
@@ -98,7 +99,7 @@ def test_compiled_formulations_equal_the_eager_verifier():
 
     model = tiny_model("qwen2", vocab_size=VOCAB, seed=12, dtype=torch.float32)
     use_linear_kernels(model, {}, {"kernel": "transposed", "one_node": True})
-    assert compiled_kernels(model) == {"kernel": "transposed", "one_node": True}
+    assert compiled_kernels(model) == {"kernel": "transposed", "one_node": True, "gemm": "stock"}
     prompt = torch.randint(0, VOCAB - 1, (1, 11), generator=torch.Generator().manual_seed(5))
     eager = TreeVerifier(model, prompt, feature_layers=(2,))
     compiled = StaticTreeVerifier(model, prompt, feature_layers=(2,))
@@ -117,6 +118,45 @@ def test_compiled_formulations_equal_the_eager_verifier():
     assert out.sequences.tolist() == ref.tolist()
     plain = verifier_generate(model, prompt, max_new_tokens=20, temperature=0, compile=True)
     assert plain.sequences.tolist() == ref.tolist()
+
+
+@pytest.mark.skipif(
+    not cpp_gemm_available(), reason="inductor's C++ GEMM template needs a CPU with AVX2 or better"
+)
+def test_autotuned_gemms_equal_the_eager_verifier_and_freeze_the_weights():
+    """The CPU plan (``gemm: "autotune"``: weights frozen into the graph, every GEMM inductor's C++
+    template or ATen's, measured at compile time): float32 logits as the eager verifier's round by
+    round, greedy identity with generate(), plain decoding too; a verifier whose weights change
+    afterwards is refused, not decoded with the old ones."""
+    from specdiff_lightning.decoding.compiled import inductor_options
+    from specdiff_lightning.decoding.kernels import use_linear_kernels
+
+    model = tiny_model("llama", vocab_size=VOCAB, seed=13, dtype=torch.float32)
+    use_linear_kernels(model, {}, {"kernel": "linear", "one_node": False, "gemm": "autotune"})
+    assert (
+        inductor_options(model)["freezing"] and inductor_options(tiny_model("llama", vocab_size=VOCAB)) == {}
+    )
+    prompt = torch.randint(0, VOCAB - 1, (1, 11), generator=torch.Generator().manual_seed(7))
+    eager = TreeVerifier(model, prompt, feature_layers=(2,))
+    compiled = StaticTreeVerifier(model, prompt, feature_layers=(2,))
+    with torch.no_grad():
+        for (a, _), (b, _) in zip(
+            _rounds(eager, torch.Generator().manual_seed(8)),
+            _rounds(compiled, torch.Generator().manual_seed(8)),
+            strict=True,
+        ):
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+    ref = reference_greedy(model, prompt, 20, eos_token_id=model.generation_config.eos_token_id)
+    oracle = NoisyOracleDrafter(model, noise=0.3, seed=2)
+    out = speculative_generate(model, oracle, prompt, max_new_tokens=20, gamma=4, temperature=0, compile=True)
+    assert out.sequences.tolist() == ref.tolist()
+    assert verifier_generate(
+        model, prompt, max_new_tokens=20, temperature=0, compile=True
+    ).sequences.tolist() == (ref.tolist())
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)
+    with pytest.raises(RuntimeError, match="weights changed.*reload the verifier"):
+        verifier_generate(model, prompt, max_new_tokens=4, temperature=0, compile=True)
 
 
 def test_warmed_verifier_never_compiles_while_decoding(verifier32):

@@ -101,28 +101,36 @@ def test_the_choice_is_measured_on_the_models_own_weights_and_enters_the_calibra
 def test_the_compiled_formulation_is_measured_and_cached_with_the_kernels(tmp_path, monkeypatch):
     """choose_compiled_kernels streams every weight in both formulations and returns a plan a model
     takes; prepare_kernels caches it beside the eager choice, and the cost models key on it."""
+    from specdiff_lightning.decoding import kernels
     from specdiff_lightning.decoding.kernels import (
         COMPILED_KERNELS,
         choose_compiled_kernels,
         compiled_kernels,
+        cpp_gemm_available,
     )
 
     model = tiny_model("llama", vocab_size=64, hidden_size=64, num_layers=2)
     plan = choose_compiled_kernels(model, rows=(2, 4), repeats=2)
-    assert set(plan) == {"kernel", "one_node"} and plan["kernel"] in COMPILED_KERNELS
+    assert set(plan) == {"kernel", "one_node", "gemm"} and plan["kernel"] in COMPILED_KERNELS
+    # where inductor's C++ GEMM template runs, inductor measures every GEMM itself
+    assert plan["gemm"] == ("autotune" if cpp_gemm_available() else "stock")
+    monkeypatch.setattr(kernels, "cpp_gemm_available", lambda device="cpu": False)
+    measured = choose_compiled_kernels(model, rows=(2, 4), repeats=2)
+    assert measured["gemm"] == "stock" and measured["kernel"] in COMPILED_KERNELS
     monkeypatch.setattr(calibration, "calibration_dir", lambda: tmp_path)
-    monkeypatch.setattr(
-        calibration, "choose_compiled_kernels", lambda m: {"kernel": "transposed", "one_node": True}
-    )
+    chosen = {"kernel": "transposed", "one_node": True, "gemm": "stock"}
+    monkeypatch.setattr(calibration, "choose_compiled_kernels", lambda m: dict(chosen))
     prepare_kernels(model)
     (path,) = tmp_path.glob("kernels-*.json")
-    assert json.loads(path.read_text())["compiled"] == {"kernel": "transposed", "one_node": True}
-    assert compiled_kernels(model) == {"kernel": "transposed", "one_node": True}
+    assert json.loads(path.read_text())["compiled"] == chosen
+    assert compiled_kernels(model) == chosen
     assert calibration_key(model)["model"]["compiled_kernels"] == compiled_kernels(model)
     use_linear_kernels(model, {})
-    assert compiled_kernels(model) == {"kernel": "linear", "one_node": False}  # stock again
+    assert compiled_kernels(model) == {"kernel": "linear", "one_node": False, "gemm": "stock"}  # stock again
     with pytest.raises(ValueError, match="compiled linear kernel"):
         use_linear_kernels(model, {}, {"kernel": "packed"})
+    with pytest.raises(ValueError, match="compiled GEMM"):
+        use_linear_kernels(model, {}, {"gemm": "cublas"})
 
 
 def test_a_cached_choice_of_an_older_format_or_a_corrupt_one_is_measured_again(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ..decoding.compiled import use_machine_inductor_cache
+from ..decoding.compiled import inductor_config, use_machine_inductor_cache
 from ..decoding.config import DecodingConfig
 from ..decoding.drafting import Drafter
 from ..decoding.generate import speculative_generate, verifier_generate
@@ -100,22 +100,24 @@ def compiled_copy(verifier: nn.Module) -> tuple[nn.Module, float]:
         ids = torch.randint(
             0, int(model.config.vocab_size), (1, length), generator=torch.Generator().manual_seed(0)
         )
-        model.generate(
-            ids.to(device),
-            attention_mask=torch.ones_like(ids).to(device),
-            do_sample=False,
-            max_new_tokens=8,
-            pad_token_id=0,
-            cache_implementation="static",
-            compile_config=_compile_config(),
-        )
+        with inductor_config(model):  # the GEMMs our compiled forward gets (decoding/compiled.py)
+            model.generate(
+                ids.to(device),
+                attention_mask=torch.ones_like(ids).to(device),
+                do_sample=False,
+                max_new_tokens=8,
+                pad_token_id=0,
+                cache_implementation="static",
+                compile_config=_compile_config(),
+            )
     _COMPILED[verifier] = (model, time.perf_counter() - start)
     return _COMPILED[verifier]
 
 
 def _hf_compiled(models, method, cfg, ids, generator, profiler):
     model, _ = compiled_copy(models.verifier)
-    return hf_generate(model, ids, cfg, cache_implementation="static", compile_config=_compile_config())
+    with inductor_config(model):
+        return hf_generate(model, ids, cfg, cache_implementation="static", compile_config=_compile_config())
 
 
 def _hf_prompt_lookup(models, method, cfg, ids, generator, profiler):

@@ -66,9 +66,10 @@ COMPILED_CONTEXTS = (64, 384)
 _FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni")
 #: environment variables that change the kernels torch picks (the AVX2 emulation sets them)
 _KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
-#: the format of a cached kernel choice (3: with the compiled forward's formulation; 2: ``{rows:
+#: the format of a cached kernel choice (4: the compiled plan says how its GEMMs are made; 3: with
+#: the compiled forward's formulation; 2: ``{rows:
 #: kernel}`` with packed weights; 1 held the rows of ``W @ x^T`` only; older ones are measured again)
-KERNEL_CHOICE_VERSION = 3
+KERNEL_CHOICE_VERSION = 4
 
 _MEMO: dict[str, CostModel] = {}
 
@@ -341,6 +342,7 @@ def prepare_kernels(model: nn.Module) -> nn.Module:
             compiled = {
                 "kernel": str(data["compiled"]["kernel"]),
                 "one_node": bool(data["compiled"]["one_node"]),
+                "gemm": str(data["compiled"]["gemm"]),
             }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         choice = None  # missing, corrupt, another model's or an older format's: measure again

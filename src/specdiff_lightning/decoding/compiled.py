@@ -28,6 +28,13 @@ fixed tree compiles another graph on first use. :func:`warm_compiled` compiles b
 runs eagerly (its length varies per prompt). Compiled kernels are cached on disk by inductor (per
 machine: :func:`use_machine_inductor_cache`), so a later process compiles in seconds.
 
+On a CPU the GEMMs are inductor's own (:func:`inductor_options`, plan ``gemm: "autotune"`` of
+:func:`~.kernels.choose_compiled_kernels`): the weights are frozen into the graph and each product is
+a C++ template generated for its shape, measured against ATen's when the graph compiles. It roughly
+halves what a tree of 2-8 nodes costs over one node with AVX2 kernels (float32); compiling takes
+longer (SmolLM2 on 2 cores: ~3 minutes cold, inductor's disk cache keeps it). Frozen weights are a
+snapshot: a verifier whose weights change after its forward compiled is refused (reload it).
+
 Lossless as before: greedy acceptance is exact for any logits the verifier gives, and the compiled
 forward *is* the verifier here; in float32 its logits match the eager forward's to rounding (tests
 prove greedy identity with the verifier's own ``generate()``).
@@ -42,6 +49,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import nn
@@ -57,6 +65,8 @@ __all__ = [
     "warm_compiled",
     "use_machine_inductor_cache",
     "cache_capacity",
+    "inductor_options",
+    "inductor_config",
     "MIN_CAPACITY",
     "WARM_NODES",
 ]
@@ -99,15 +109,75 @@ def use_machine_inductor_cache() -> None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor" / f"{info['cpu_capability']}-{tag}")
 
 
+#: inductor's settings for a plan whose GEMMs inductor makes itself (kernels.COMPILED_GEMMS)
+_AUTOTUNE = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+
+
+def inductor_options(model: nn.Module) -> dict:
+    """The inductor settings ``model``'s compiled forward compiles under: on a plan with ``gemm:
+    "autotune"`` (:func:`~.kernels.compiled_kernels`) the weights are frozen into the graph and every
+    GEMM is inductor's C++ template or ATen's, whichever it measures faster; otherwise none."""
+    return dict(_AUTOTUNE) if compiled_kernels(model)["gemm"] == "autotune" else {}
+
+
+@contextmanager
+def _static_addresses_off():
+    """transformers marks a static cache's tensors as static addresses (for CUDA graphs); inductor's
+    freezing takes such inputs for parameters and bakes the first cache's tensors into the graph, so a
+    later decode with a new cache would read the old one (measured: logits off by 0.9, no recompile).
+    Here they stay plain inputs."""
+    mark = torch._dynamo.mark_static_address
+    torch._dynamo.mark_static_address = lambda t, guard=False: None
+    try:
+        yield
+    finally:
+        torch._dynamo.mark_static_address = mark
+
+
+@contextmanager
+def inductor_config(model: nn.Module):
+    """A context in which inductor compiles ``model``'s forward as :func:`inductor_options` says
+    (every call of a compiled forward runs in it: a recompile later must see the same settings),
+    and, where weights are frozen, no static cache is marked a static address
+    (:func:`_static_addresses_off`). The compiled HF peer's ``generate`` runs in it too, so plain
+    decoding's denominator gets the same GEMMs."""
+    options = inductor_options(model)
+    if not options:
+        yield
+        return
+    with torch._inductor.config.patch(options), _static_addresses_off():
+        yield
+
+
+def _weights_stamp(model: nn.Module) -> tuple:
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
 def compiled_forward(model: nn.Module) -> Callable:
     """``model.forward`` through ``torch.compile`` (memoised per model), shape-dynamic where shapes
-    change. Call it under ``torch.no_grad()``, as the decoding loops do."""
-    forward = _COMPILED.get(model)
-    if forward is None:
+    change, compiled under :func:`inductor_config`. Call it under ``torch.no_grad()``, as the
+    decoding loops do. Where the plan freezes the weights into the graph, a model whose weights
+    changed since is an error (the graph would compute with the old ones)."""
+    entry = _COMPILED.get(model)
+    if entry is None:
         use_machine_inductor_cache()
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        forward = torch.compile(model.forward, dynamic=None, fullgraph=False)
-        _COMPILED[model] = forward
+        compiled = torch.compile(model.forward, dynamic=None, fullgraph=False)
+        options = inductor_options(model)
+
+        def forward(*args, **kwargs):
+            with torch._inductor.config.patch(options) if options else nullcontext():
+                return compiled(*args, **kwargs)
+
+        entry = (forward, _weights_stamp(model) if options.get("freezing") else None)
+        _COMPILED[model] = entry
+    forward, stamp = entry
+    if stamp is not None and _weights_stamp(model) != stamp:
+        raise RuntimeError(
+            "the verifier's weights changed after its forward was compiled with them frozen in "
+            "(compile=True on a CPU freezes them, decoding/compiled.py): reload the verifier, or "
+            "decode with compile=False"
+        )
     return forward
 
 
@@ -140,6 +210,9 @@ class StaticTreeVerifier(TreeVerifier):
         self._length = 0
         self.compile = bool(compile)
         self._one_node = compiled_kernels(model)["one_node"]
+        self._frozen = self.compile and bool(inductor_options(model).get("freezing"))
+        # looked up once a decode (it checks frozen weights): every round's tree goes through it
+        self._forward = compiled_forward(model) if self.compile else model
         super().__init__(model, input_ids, feature_layers)
 
     def _new_cache(self, prompt_length: int):
@@ -157,7 +230,12 @@ class StaticTreeVerifier(TreeVerifier):
         return cache
 
     def _prefill(self, ids: torch.Tensor):
-        # eager: the prompt's length varies, and a compiled prefill would compile once per length
+        # eager: the prompt's length varies, and a compiled prefill would compile once per length;
+        # the cache's tensors are allocated here (lazily), as plain inputs where weights are frozen
+        with _static_addresses_off() if self._frozen else nullcontext():
+            return self._prefill_eager(ids)
+
+    def _prefill_eager(self, ids: torch.Tensor):
         out = self.model(
             input_ids=ids,
             cache=self.cache,
@@ -187,7 +265,8 @@ class StaticTreeVerifier(TreeVerifier):
         self.cache = self._new_cache(0)
         for src, dst in zip(old.layers, self.cache.layers, strict=True):
             if src.is_initialized:
-                dst.lazy_initialization(src.keys, src.values)
+                with _static_addresses_off() if self._frozen else nullcontext():
+                    dst.lazy_initialization(src.keys, src.values)
                 dst.keys[..., :length, :] = src.keys[..., :length, :]
                 dst.values[..., :length, :] = src.values[..., :length, :]
 
@@ -219,8 +298,7 @@ class StaticTreeVerifier(TreeVerifier):
         )
         if self.compile:
             _mark_nodes_dynamic(inputs)
-        forward = compiled_forward(self.model) if self.compile else self.model
-        out = forward(**inputs, cache=self.cache, use_cache=True, **self._feature_kwargs())
+        out = self._forward(**inputs, cache=self.cache, use_cache=True, **self._feature_kwargs())
         self._length = past + n
         if width > n:
             out.logits = out.logits[:, :n]

@@ -21,6 +21,16 @@ row count (counts between the measured ones take the next measured count's choic
 a copy in oneDNN's layout, made at first use, kept beside the module (never in its state dict or a
 deep copy) and remade when the weight changes; a call that builds a graph (training through a frozen
 verifier's head) takes ``F.linear``, which has a backward.
+
+A compiled forward (``decoding/compiled.py``) cannot dispatch on a symbolic row count; its plan
+(:func:`choose_compiled_kernels`) says how its products are computed. On a CPU where inductor's C++
+GEMM template runs (AVX2 or better), ``gemm: "autotune"``: the verifier's weights are frozen into the
+graph (inductor's ``freezing``) and every product is a GEMM that inductor *measures* at compile time
+against ATen's (``max_autotune``, backends ``CPP,ATEN``), generated for the weight's shape and packed
+once. On the 2-core Xeon with AVX2 kernels in float32, SmolLM2's tree forward over 2/4/8/16 nodes
+went from 54/56/61/76 ms to 35/40/46/60 (a one-node step 33 either way): MKL's small-M GEMM costs a
+matrix-vector product per row, the template streams the weight once. Elsewhere (an accelerator, a
+CPU without the template), ``gemm: "stock"`` and one of :data:`COMPILED_KERNELS` measured here.
 """
 
 from __future__ import annotations
@@ -37,7 +47,9 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
+    "COMPILED_GEMMS",
     "COMPILED_KERNELS",
+    "cpp_gemm_available",
     "choose_compiled_kernels",
     "compiled_kernels",
     "KERNELS",
@@ -59,8 +71,11 @@ KERNEL_MARGIN = 0.9
 
 #: the formulations a compiled forward may use: one for every row count (see the module docstring)
 COMPILED_KERNELS = ("linear", "transposed")
+#: how a compiled forward's GEMMs are made: ATen's kernels (``"stock"``), or inductor's C++ template
+#: measured against them at compile time with the weights frozen in (``"autotune"``, CPUs)
+COMPILED_GEMMS = ("stock", "autotune")
 #: a model's compiled formulation where none was measured: stock, one graph (one-node trees padded)
-_DEFAULT_COMPILED = {"kernel": "linear", "one_node": False}
+_DEFAULT_COMPILED = {"kernel": "linear", "one_node": False, "gemm": "stock"}
 
 #: module -> (packed weight, (dtype, data pointer, version) of the weight it was packed from)
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -192,7 +207,9 @@ def use_linear_kernels(
         raise ValueError(
             f"unknown compiled linear kernel {plan['kernel']!r}; a compiled forward takes {list(COMPILED_KERNELS)}"
         )
-    plan = {"kernel": str(plan["kernel"]), "one_node": bool(plan["one_node"])}
+    if plan["gemm"] not in COMPILED_GEMMS:
+        raise ValueError(f"unknown compiled GEMM {plan['gemm']!r}; the choices are {list(COMPILED_GEMMS)}")
+    plan = {"kernel": str(plan["kernel"]), "one_node": bool(plan["one_node"]), "gemm": str(plan["gemm"])}
     first = next(model.parameters(), None)
     if "packed" in table.values() and first is not None and not packing_available(first.dtype):
         table = {m: k for m, k in table.items() if k != "packed"}
@@ -211,10 +228,23 @@ def use_linear_kernels(
 
 
 def compiled_kernels(model: nn.Module) -> dict:
-    """``{"kernel", "one_node"}``: the formulation ``model``'s compiled forward takes and whether a
-    one-node tree gets a graph of its own (:func:`choose_compiled_kernels`; stock and padded where
-    none was chosen)."""
-    return dict(getattr(model, "compiled_kernels", _DEFAULT_COMPILED))
+    """``{"kernel", "one_node", "gemm"}``: the formulation ``model``'s compiled forward takes, whether
+    a one-node tree gets a graph of its own and how its GEMMs are made (:func:`choose_compiled_kernels`;
+    stock and padded where none was chosen)."""
+    return {**_DEFAULT_COMPILED, **getattr(model, "compiled_kernels", {})}
+
+
+def cpp_gemm_available(device: torch.device | str = "cpu") -> bool:
+    """Whether inductor's C++ GEMM template can serve a compiled forward on ``device``: a CPU with a
+    vector ISA inductor generates code for (AVX2, AVX512, ...; ``ATEN_CPU_CAPABILITY`` is honoured)."""
+    if torch.device(device).type != "cpu":
+        return False
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        return bool(pick_vec_isa())
+    except (ImportError, RuntimeError, OSError):
+        return False
 
 
 def _sweep(weights: list[torch.Tensor], rows: int, kernel: str) -> float:
@@ -232,7 +262,9 @@ def _sweep(weights: list[torch.Tensor], rows: int, kernel: str) -> float:
 
 @torch.no_grad()
 def choose_compiled_kernels(model: nn.Module, rows: tuple[int, ...] = (2, 8, 16), repeats: int = 5) -> dict:
-    """The formulation of :data:`COMPILED_KERNELS` with which passes over all of ``model``'s weights
+    """The compiled forward's plan: where inductor's C++ GEMM template runs (:func:`cpp_gemm_available`),
+    ``gemm: "autotune"`` (inductor measures each GEMM when it compiles). Otherwise the formulation of
+    :data:`COMPILED_KERNELS` with which passes over all of ``model``'s weights
     (every ``nn.Linear``, head included) at ``rows`` rows take least time summed (another than
     ``"linear"`` only when :data:`KERNEL_MARGIN` faster), and ``one_node``: whether a one-row pass
     costs less than 0.9 of a two-row one in it (then a one-node tree gets a graph of its own rather
@@ -241,6 +273,10 @@ def choose_compiled_kernels(model: nn.Module, rows: tuple[int, ...] = (2, 8, 16)
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
     if not weights or weights[0].device.type != "cpu":
         return dict(_DEFAULT_COMPILED)
+    if cpp_gemm_available(weights[0].device):
+        # inductor measures every GEMM itself at compile time (module docstring); F.linear is the
+        # pattern its template takes, and two rows cost about one there, so one-node trees are padded
+        return {"kernel": "linear", "one_node": False, "gemm": "autotune"}
     times: dict[tuple[str, int], list[float]] = {}
     sizes = tuple(sorted({1, 2, *rows}))
     for r in range(repeats + 1):
@@ -252,7 +288,7 @@ def choose_compiled_kernels(model: nn.Module, rows: tuple[int, ...] = (2, 8, 16)
     med = {k: statistics.median(v) for k, v in times.items()}
     total = {k: sum(med[(k, m)] for m in rows) for k in COMPILED_KERNELS}
     kernel = "transposed" if total["transposed"] < KERNEL_MARGIN * total["linear"] else "linear"
-    return {"kernel": kernel, "one_node": med[(kernel, 1)] < 0.9 * med[(kernel, 2)]}
+    return {"kernel": kernel, "one_node": med[(kernel, 1)] < 0.9 * med[(kernel, 2)], "gemm": "stock"}
 
 
 def linear_kernel_choice(model: nn.Module) -> dict[str, list[int]]:
