@@ -110,7 +110,13 @@ def use_machine_inductor_cache() -> None:
 
 
 #: inductor's settings for a plan whose GEMMs inductor makes itself (kernels.COMPILED_GEMMS)
-_AUTOTUNE = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+_AUTOTUNE = {
+    "freezing": True,
+    "max_autotune": True,
+    "max_autotune_gemm_backends": "CPP,ATEN",
+    # inductor prints every GEMM's candidates and timings to stderr (hundreds of lines); not ours to show
+    "autotune_num_choices_displayed": 0,
+}
 
 
 def inductor_options(model: nn.Module) -> dict:
