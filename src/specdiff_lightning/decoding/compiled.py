@@ -33,7 +33,8 @@ On a CPU the GEMMs are inductor's own (:func:`inductor_options`, plan ``gemm: "a
 a C++ template generated for its shape, measured against ATen's when the graph compiles. It roughly
 halves what a tree of 2-8 nodes costs over one node with AVX2 kernels (float32); compiling takes
 longer (SmolLM2 on 2 cores: ~2 minutes cold against ~1 with stock GEMMs; inductor's disk cache
-keeps it). Frozen weights are a snapshot: a verifier whose weights change after its forward compiled is refused (reload it).
+keeps it). Frozen weights are a snapshot: a verifier whose weights change after its forward
+compiled is refused (reload it).
 
 Lossless as before: greedy acceptance is exact for any logits the verifier gives, and the compiled
 forward *is* the verifier here; in float32 its logits match the eager forward's to rounding (tests
