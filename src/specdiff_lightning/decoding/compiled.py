@@ -115,8 +115,10 @@ _AUTOTUNE = {
     "freezing": True,
     "max_autotune": True,
     "max_autotune_gemm_backends": "CPP,ATEN",
-    # inductor prints every GEMM's candidates and timings to stderr (hundreds of lines); not ours to show
+    # inductor prints every GEMM's candidates, timings and stats to stderr (hundreds of lines); not
+    # ours to show
     "autotune_num_choices_displayed": 0,
+    "max_autotune_report_choices_stats": False,
 }
 
 
