@@ -67,8 +67,8 @@ _FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni
 #: environment variables that change the kernels torch picks (the AVX2 emulation sets them)
 _KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 #: the format of a cached kernel choice (4: the compiled plan says how its GEMMs are made; 3: with
-#: the compiled forward's formulation; 2: ``{rows:
-#: kernel}`` with packed weights; 1 held the rows of ``W @ x^T`` only; older ones are measured again)
+#: the compiled forward's formulation; 2: ``{rows: kernel}`` with packed weights; 1 held the rows of
+#: ``W @ x^T`` only; older ones are measured again)
 KERNEL_CHOICE_VERSION = 4
 
 _MEMO: dict[str, CostModel] = {}

@@ -19,9 +19,9 @@ node's ancestors.
 Graphs: one per model, dtype and device, shape-dynamic over 2-64 nodes (the node dimension is
 marked dynamic on the first tree, so dynamo does not compile a static graph first). A one-node tree
 (plain decoding) is sent as two nodes, the root and a dummy child whose logits are dropped, where
-two rows cost no more than one (a graph of its own would cost ~40 s more to compile); where they
-cost double (float32 with AVX2 kernels) it gets its own graph (:func:`~.kernels.compiled_kernels`,
-measured per machine, model and dtype, with the formulation of the linear layers). Grouped SDPA
+two rows cost no more than one (a graph of its own would cost ~40 s more to compile): always on a
+CPU's autotuned plan; on the stock plan, where two rows cost double (float32, ATen's GEMMs, AVX2
+kernels) it gets its own graph (:func:`~.kernels.compiled_kernels`). Grouped SDPA
 serves every size inside the graph (:data:`~.attention.MAX_GROUPED_QUERIES_COMPILED`); a larger
 fixed tree compiles another graph on first use. :func:`warm_compiled` compiles before a timed run
 (SmolLM2 on a 2-core Xeon: 54 s with an empty inductor cache; three graphs took 135 s). The prefill
@@ -130,11 +130,14 @@ def inductor_options(model: nn.Module) -> dict:
 
 
 @contextmanager
-def _static_addresses_off():
+def _static_addresses_off(active: bool = True):
     """transformers marks a static cache's tensors as static addresses (for CUDA graphs); inductor's
     freezing takes such inputs for parameters and bakes the first cache's tensors into the graph, so a
     later decode with a new cache would read the old one (measured: logits off by 0.9, no recompile).
-    Here they stay plain inputs."""
+    Here (when ``active``: the weights are frozen) they stay plain inputs."""
+    if not active:
+        yield
+        return
     mark = torch._dynamo.mark_static_address
     torch._dynamo.mark_static_address = lambda t, guard=False: None
     try:
@@ -241,7 +244,7 @@ class StaticTreeVerifier(TreeVerifier):
     def _prefill(self, ids: torch.Tensor):
         # eager: the prompt's length varies, and a compiled prefill would compile once per length;
         # the cache's tensors are allocated here (lazily), as plain inputs where weights are frozen
-        with _static_addresses_off() if self._frozen else nullcontext():
+        with _static_addresses_off(self._frozen):
             return self._prefill_eager(ids)
 
     def _prefill_eager(self, ids: torch.Tensor):
@@ -274,7 +277,7 @@ class StaticTreeVerifier(TreeVerifier):
         self.cache = self._new_cache(0)
         for src, dst in zip(old.layers, self.cache.layers, strict=True):
             if src.is_initialized:
-                with _static_addresses_off() if self._frozen else nullcontext():
+                with _static_addresses_off(self._frozen):
                     dst.lazy_initialization(src.keys, src.values)
                 dst.keys[..., :length, :] = src.keys[..., :length, :]
                 dst.values[..., :length, :] = src.values[..., :length, :]
@@ -285,7 +288,7 @@ class StaticTreeVerifier(TreeVerifier):
         # dummy child of the root: its logits are dropped, its keys land after the root's, past the
         # committed length, so nothing ever reads them. Dynamo would compile a graph of its own for
         # one node (~40 s on 2 cores), which pays only where a row costs much less than two
-        # (compiled_kernels: measured per machine, model and dtype)
+        # (compiled_kernels: the plan for this machine, model and dtype)
         width = 2 if self.compile and n == 1 and not self._one_node else n
         if past + width > self._capacity:
             self._grow(past + width)
