@@ -164,3 +164,27 @@ def test_greedy_selection_and_acceptance_stop_at_each_drafts_length():
     assert (verdict.draft_index, verdict.num_accepted, verdict.next_token) == (0, 2, 0)
     short = rule.verify(drafts[1:], None, p[1:], lengths=lengths[1:])
     assert (short.num_accepted, short.next_token) == (1, 0)  # bonus from row 1, after its one token
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_greedy_tree_verdict_equals_the_greedy_rule_on_one_hot_rows(seed):
+    """At temperature 0 the loop verifies from the argmax alone (greedy_tree_verdict); on random
+    tries (shared prefixes, drafts of their own lengths, ties in the logits) its verdict is the one
+    GreedyAcceptance gives the one-hot rows it replaces: the draft, the tokens kept, the next token."""
+    from specdiff_lightning.decoding import build_tree, tree_probs
+    from specdiff_lightning.decoding.acceptance import greedy_tree_verdict
+
+    gen = torch.Generator().manual_seed(seed)
+    k, g, vocab = (
+        int(torch.randint(1, 5, (1,), generator=gen)),
+        int(torch.randint(0, 5, (1,), generator=gen)),
+        3,
+    )
+    drafts = torch.randint(0, vocab, (k, g), generator=gen)  # a small alphabet: branches and matches
+    lengths = torch.randint(1, g + 1, (k,), generator=gen) if g and seed % 2 else None
+    tree = build_tree(1, drafts, lengths)
+    logits = torch.randint(0, 3, (tree.size, vocab), generator=gen).float()  # ties on purpose
+    expected = GreedyAcceptance().verify(
+        drafts, None, tree_probs(logits_to_probs(logits, temperature=0), tree), gen, lengths=lengths
+    )
+    assert greedy_tree_verdict(drafts, tree.paths, logits.max(-1).indices, lengths) == expected

@@ -131,7 +131,8 @@ def run_bench(
     compile_s: dict[str, float] = {}
     for m in methods:
         if m.kind in ("verifier", "sps", "diffusion") and method_config(cfg, m).compile:
-            compile_s[m.key] = warm_compiled(pair(m).verifier)
+            drafter = pair(m).drafter(m.drafter) if m.kind == "diffusion" else None
+            compile_s[m.key] = warm_compiled(pair(m).verifier, drafter=drafter)
     for m in methods:
         for p in prompts[:warmup]:
             timed_generate(runner(m, None), ids_of(p, m), cfg.seed, pair(m).verifier.device)

@@ -19,6 +19,7 @@ __all__ = [
     "Verdict",
     "expected_accepted_length",
     "accept_greedy",
+    "greedy_tree_verdict",
     "accept_standard",
     "accept_recursive",
     "AcceptanceRule",
@@ -89,6 +90,39 @@ def accept_greedy(draft: torch.Tensor, p: torch.Tensor, generator: torch.Generat
     residual[draft[a]] = 0
     residual = _normalise(residual, p[a])
     return Verdict(a, int(sample_tokens(residual[None], generator)))
+
+
+def greedy_tree_verdict(
+    drafts: torch.Tensor, paths: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor | None = None
+) -> Verdict:
+    """:class:`GreedyAcceptance`'s verdict at temperature 0, from the verifier's argmax alone.
+
+    At temperature 0 every ``p`` row is one-hot at the verifier's argmax, so self-selection's
+    ``tau_k`` (Eq. 8) is draft k's count of leading argmax matches, acceptance keeps exactly those
+    tokens, and the token after them is the argmax at the last one kept (the bonus, or the
+    correction, which is the argmax too since the rejected token was not). The same verdict as
+    ``GreedyAcceptance().verify`` given the one-hot rows (tests), without building them: V floats
+    per node, a second argmax and a multinomial draw a round.
+
+    Args:
+        drafts: ``LongTensor[K, g]``; paths: ``LongTensor[K, g]`` their trie nodes
+            (:class:`~.tree.DraftTree`); targets: ``LongTensor[n]`` the verifier's argmax at each
+            trie node (node 0: the root); lengths: ``LongTensor[K]`` draft lengths (None: all g).
+    """
+    num_drafts, gamma = drafts.shape
+    if gamma == 0:
+        return Verdict(0, int(targets[0]))
+    parents = torch.cat(
+        [torch.zeros(num_drafts, 1, dtype=paths.dtype, device=paths.device), paths[:, :-1]], 1
+    )
+    match = drafts == targets[parents]
+    if lengths is not None:
+        match &= torch.arange(gamma, device=drafts.device) < lengths.to(drafts.device)[:, None]
+    accepted = match.long().cumprod(dim=1).sum(dim=1)  # leading matches
+    k = int(accepted.argmax())  # the first of the longest, as self-selection's argmax
+    a = int(accepted[k])
+    last = 0 if a == 0 else int(paths[k, a - 1])
+    return Verdict(a, int(targets[last]), k)
 
 
 def accept_standard(

@@ -48,6 +48,7 @@ import json
 import math
 import os
 import time
+import types
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -63,7 +64,10 @@ from .verifier import TreeVerifier
 __all__ = [
     "StaticTreeVerifier",
     "compiled_forward",
+    "mark_dynamic",
+    "static_addresses_off",
     "warm_compiled",
+    "warm_drafter",
     "use_machine_inductor_cache",
     "cache_capacity",
     "inductor_options",
@@ -85,7 +89,7 @@ RECOMPILE_LIMIT = 64
 
 #: model -> its compiled forward (a weak key: it goes with the model)
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-#: model -> seconds :func:`warm_compiled` took for it the first time
+#: model or drafter -> seconds :func:`warm_compiled` / :func:`warm_drafter` took for it the first time
 _WARMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -130,7 +134,7 @@ def inductor_options(model: nn.Module) -> dict:
 
 
 @contextmanager
-def _static_addresses_off(active: bool = True):
+def static_addresses_off(active: bool = True):
     """transformers marks a static cache's tensors as static addresses (for CUDA graphs); inductor's
     freezing takes such inputs for parameters and bakes the first cache's tensors into the graph, so a
     later decode with a new cache would read the old one (measured: logits off by 0.9, no recompile).
@@ -151,13 +155,13 @@ def inductor_config(model: nn.Module):
     """A context in which inductor compiles ``model``'s forward as :func:`inductor_options` says
     (every call of a compiled forward runs in it: a recompile later must see the same settings),
     and, where weights are frozen, no static cache is marked a static address
-    (:func:`_static_addresses_off`). The compiled HF peer's ``generate`` runs in it too, so plain
+    (:func:`static_addresses_off`). The compiled HF peer's ``generate`` runs in it too, so plain
     decoding's denominator gets the same GEMMs."""
     options = inductor_options(model)
     if not options:
         yield
         return
-    with torch._inductor.config.patch(options), _static_addresses_off():
+    with torch._inductor.config.patch(options), static_addresses_off():
         yield
 
 
@@ -165,16 +169,48 @@ def _weights_stamp(model: nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
+def _own_forward(model: nn.Module) -> Callable | None:
+    """``model.forward`` as a method whose function has a code object of its own, or None where the
+    forward is not a plain bound method (a hook library replaced it, say).
+
+    dynamo keeps its compiled graphs on the code object of the frame it compiles, and every model of a
+    class shares its ``forward``'s code: graphs of one model are told from another's only by guards
+    on the module tree (~9,000 checks for SmolLM2's, 1.6-1.9 ms of a ~20 ms tree forward on a 2-core
+    Xeon, measured). With a code object per model, that model's graphs are the only ones dynamo
+    looks at for this frame, so the module guards can go (:func:`compiled_forward`)."""
+    bound = model.forward
+    if not isinstance(bound, types.MethodType) or bound.__self__ is not model:
+        return None
+    fn = bound.__func__
+    own = types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    own.__kwdefaults__ = fn.__kwdefaults__
+    own.__dict__.update(fn.__dict__)
+    return types.MethodType(own, model)
+
+
 def compiled_forward(model: nn.Module) -> Callable:
     """``model.forward`` through ``torch.compile`` (memoised per model), shape-dynamic where shapes
     change, compiled under :func:`inductor_config`. Call it under ``torch.no_grad()``, as the
     decoding loops do. Where the plan freezes the weights into the graph, a model whose weights
-    changed since is an error (the graph would compute with the old ones)."""
+    changed since is an error (the graph would compute with the old ones).
+
+    The graph is a snapshot of the module tree: its modules, their attributes and hooks are not
+    guarded (:func:`_own_forward`: dynamo's guards on them cost about a tenth of a SmolLM2 tree
+    forward), so a module changed after compiling (a hook added, a layer swapped) is not seen;
+    reload the model, or decode with ``compile=False``, to change one. Its inputs stay guarded:
+    a new shape, dtype or device compiles again."""
     entry = _COMPILED.get(model)
     if entry is None:
         use_machine_inductor_cache()
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        compiled = torch.compile(model.forward, dynamic=None, fullgraph=False)
+        own = _own_forward(model)
+        if own is None:
+            compiled = torch.compile(model.forward, dynamic=None, fullgraph=False)
+        else:
+            guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+            compiled = torch.compile(own, dynamic=None, fullgraph=False, options=guards)
         options = inductor_options(model)
 
         def forward(*args, **kwargs):
@@ -186,9 +222,9 @@ def compiled_forward(model: nn.Module) -> Callable:
     forward, stamp = entry
     if stamp is not None and _weights_stamp(model) != stamp:
         raise RuntimeError(
-            "the verifier's weights changed after its forward was compiled with them frozen in "
-            "(compile=True on a CPU freezes them, decoding/compiled.py): reload the verifier, or "
-            "decode with compile=False"
+            f"{type(model).__name__}: the weights changed after its forward was compiled with them "
+            f"frozen in (compile=True on a CPU freezes them, decoding/compiled.py): reload the verifier "
+            f"(or the drafter, whichever changed), or decode with compile=False"
         )
     return forward
 
@@ -244,7 +280,7 @@ class StaticTreeVerifier(TreeVerifier):
     def _prefill(self, ids: torch.Tensor):
         # eager: the prompt's length varies, and a compiled prefill would compile once per length;
         # the cache's tensors are allocated here (lazily), as plain inputs where weights are frozen
-        with _static_addresses_off(self._frozen):
+        with static_addresses_off(self._frozen):
             return self._prefill_eager(ids)
 
     def _prefill_eager(self, ids: torch.Tensor):
@@ -277,7 +313,7 @@ class StaticTreeVerifier(TreeVerifier):
         self.cache = self._new_cache(0)
         for src, dst in zip(old.layers, self.cache.layers, strict=True):
             if src.is_initialized:
-                with _static_addresses_off(self._frozen):
+                with static_addresses_off(self._frozen):
                     dst.lazy_initialization(src.keys, src.values)
                 dst.keys[..., :length, :] = src.keys[..., :length, :]
                 dst.values[..., :length, :] = src.values[..., :length, :]
@@ -309,7 +345,7 @@ class StaticTreeVerifier(TreeVerifier):
             cache_position=torch.arange(past, past + width, device=device),
         )
         if self.compile:
-            _mark_nodes_dynamic(inputs)
+            mark_dynamic(inputs, _NODE_DIMS)
         out = self._forward(**inputs, cache=self.cache, use_cache=True, **self._feature_kwargs())
         self._length = past + n
         if width > n:
@@ -341,26 +377,40 @@ class StaticTreeVerifier(TreeVerifier):
 _NODES = (2, 64)
 
 
-def _mark_nodes_dynamic(inputs: dict) -> None:
-    """Tell dynamo the node dimension varies, so the first tree compiles the shape-dynamic graph
-    every later size reuses (left to itself, it compiles a static graph first, then a dynamic one).
+def mark_dynamic(inputs: dict, dims: dict[str, int], span: tuple[int, int] = _NODES) -> None:
+    """Tell dynamo that dimension ``dims[name]`` of each ``inputs[name]`` varies (together: they are
+    one size), so the first call compiles the shape-dynamic graph every later size reuses (left to
+    itself, it compiles a static graph first, then a dynamic one). Sizes outside ``span`` are left
+    alone (they compile a graph of their own when they come).
 
     A hint, not a constraint (``maybe_mark_dynamic``): a compiled artifact reused from inductor's
     disk cache brings the shape guards it was compiled under (an older graph's ``n <= 16``, say);
-    with a hard range that is an error, with a hint a tree outside them compiles once more."""
-    n = inputs["input_ids"].shape[1]
-    if not _NODES[0] <= n <= _NODES[1]:
+    with a hard range that is an error, with a hint a size outside them compiles once more."""
+    name = next(iter(dims))
+    if not span[0] <= inputs[name].shape[dims[name]] <= span[1]:
         return
-    for name, dim in (("input_ids", 1), ("attention_mask", 2), ("position_ids", 1), ("cache_position", 0)):
+    for name, dim in dims.items():
         torch._dynamo.maybe_mark_dynamic(inputs[name], dim)
 
 
+#: the node dimension of a tree forward's inputs
+_NODE_DIMS = {"input_ids": 1, "attention_mask": 2, "position_ids": 1, "cache_position": 0}
+
+
 @torch.no_grad()
-def warm_compiled(model: nn.Module, prompt_length: int = 64) -> float:
+def warm_compiled(model: nn.Module, prompt_length: int = 64, drafter=None) -> float:
     """Compile ``model``'s tree-forward graphs now (:data:`WARM_NODES`: every graph the loop will
-    run), so that no timed decode compiles. Returns the seconds that took: a few where inductor's
-    disk cache has the kernels, minutes on a cold one; a model warmed before is not warmed again,
-    and the first warm-up's seconds are returned."""
+    run), and with a ``drafter`` its compiled drafting graphs too (:func:`warm_drafter`), so that no
+    timed decode compiles. Returns the seconds that took: a few where inductor's disk cache has the
+    kernels, minutes on a cold one; what was warmed before is not warmed again, and its first
+    warm-up's seconds are counted."""
+    seconds = _warm_verifier(model, prompt_length)
+    if drafter is not None:
+        seconds += warm_drafter(model, drafter, prompt_length)
+    return seconds
+
+
+def _warm_verifier(model: nn.Module, prompt_length: int) -> float:
     if model in _WARMED:
         return _WARMED[model]
     start = time.perf_counter()
@@ -378,3 +428,34 @@ def warm_compiled(model: nn.Module, prompt_length: int = 64) -> float:
         state.discard(tree)
     _WARMED[model] = time.perf_counter() - start
     return _WARMED[model]
+
+
+@torch.no_grad()
+def warm_drafter(model: nn.Module, drafter, prompt_length: int = 64) -> float:
+    """Compile ``drafter``'s drafting graphs (a drafter with a compiled path, e.g.
+    :class:`~specdiff_lightning.models.ConditionedDrafter`) by decoding a random prompt with it
+    through ``model``, the verifier it drafts for: every round drafts, so its first rounds compile
+    the one shape-dynamic graph. Seconds it took (the first time; a drafter is warmed once)."""
+    from .generate import speculative_generate  # the loop imports this module
+
+    key = getattr(drafter, "base", drafter)
+    if key in _WARMED:
+        return _WARMED[key]
+    _warm_verifier(model, prompt_length)
+    start = time.perf_counter()
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, int(model.config.vocab_size), (1, prompt_length), generator=gen)
+    gamma = getattr(key, "block", None) or 8
+    speculative_generate(
+        model,
+        drafter,
+        ids.to(next(model.parameters()).device),
+        max_new_tokens=3 * gamma,
+        gamma=gamma,
+        temperature=0,
+        eos_token_id=[],
+        tree=None,
+        compile=True,
+    )
+    _WARMED[key] = time.perf_counter() - start
+    return _WARMED[key]

@@ -223,6 +223,10 @@ class Drafter(ABC):
     def reset(self) -> None:  # noqa: B027 (an optional hook, not abstract)
         """Forget per-sequence state (called at the start of every generation)."""
 
+    def set_compiled(self, enabled: bool) -> None:  # noqa: B027 (an optional hook, not abstract)
+        """Draft through compiled forwards or not: the loop's ``compile`` setting, given before every
+        generation. A drafter without a compiled path ignores it (drafts eagerly)."""
+
     def observe(self, features: torch.Tensor) -> None:  # noqa: B027 (an optional hook, not abstract)
         """Take the verifier's features ``[n, F]`` (its ``feature_layers`` hidden states, concatenated)
         of the n tokens it committed since the last call, in order. Called by the decoding loop after
@@ -254,6 +258,9 @@ class DrafterWrapper(Drafter):
 
     def reset(self) -> None:
         self.base.reset()
+
+    def set_compiled(self, enabled: bool) -> None:
+        self.base.set_compiled(enabled)
 
     def observe(self, features: torch.Tensor) -> None:
         self.base.observe(features)

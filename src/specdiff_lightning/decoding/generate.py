@@ -8,13 +8,13 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .acceptance import AcceptanceRule, Verdict, get_acceptance_rule
+from .acceptance import AcceptanceRule, GreedyAcceptance, Verdict, get_acceptance_rule, greedy_tree_verdict
 from .attention import check_custom_mask_support
 from .autotree import AutoTreeDrafter, auto_tree
 from .compiled import StaticTreeVerifier
 from .datastore import TokenDatastore, load_datastore
 from .drafting import Drafter, DrafterWrapper
-from .sampling import logits_to_probs, restrict_vocab, sample_tokens
+from .sampling import compute_dtype, greedy_tokens, logits_to_probs, restrict_vocab, sample_tokens
 from .stats import DecodingStats, GenerationOutput, RoundStats
 from .timing import RoundProfiler
 from .tree import build_tree, tree_probs
@@ -238,6 +238,16 @@ def _verify(rule, drafts, q, p, lengths, generator) -> Verdict:
     return rule.verify(drafts, q, p, generator)
 
 
+def _accept(rule, tree, drafts, q, logits, lengths, temperature, top_k, top_p, generator) -> Verdict:
+    """The round's verdict from the verifier's ``logits`` at the tree's nodes."""
+    if temperature == 0 and type(rule) is GreedyAcceptance:
+        # one-hot p: the argmax decides everything (greedy_tree_verdict), without V floats a node
+        targets = greedy_tokens(logits.reshape(-1, logits.shape[-1]).to(compute_dtype(logits.dtype)))
+        return greedy_tree_verdict(drafts, tree.paths, targets, lengths)
+    p = tree_probs(logits_to_probs(logits, temperature, top_k, top_p), tree)
+    return _verify(rule, drafts, q, p, lengths, generator)
+
+
 @torch.no_grad()
 def speculative_generate(
     verifier: nn.Module,
@@ -312,6 +322,7 @@ def speculative_generate(
     compile = _check_compile(compile)
     drafter = _shaped(drafter, verifier, tree, check_datastore(datastore, tree, drafter, vocab), compile)
 
+    drafter.set_compiled(compile)
     drafter.reset()
     out = _Output(input_ids, max_new_tokens, _eos_set(verifier, eos_token_id), streamer, max_time)
     room = max(_TREE_ROOM, num_drafts * gamma + 1)
@@ -334,8 +345,9 @@ def speculative_generate(
             with prof.phase("verify"):
                 logits = restrict_vocab(state.score(tree), vocab)
             with prof.phase("accept"):
-                p = tree_probs(logits_to_probs(logits, temperature, top_k, top_p), tree)
-                verdict = _verify(rule, drafts, q, p, lengths, generator)
+                verdict = _accept(
+                    rule, tree, drafts, q, logits, lengths, temperature, top_k, top_p, generator
+                )
             k, a = verdict.draft_index, verdict.num_accepted
             drafted = drafts.shape[1] if lengths is None else int(lengths[k])
             with prof.phase("cache"):

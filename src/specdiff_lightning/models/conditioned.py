@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..decoding.drafting import Drafter, Proposal, derived_generator, head_logits, sample_from_marginals
+from .compiled_prefix import StaticPrefixCache
 from .diffusion import _is_stock_transformers_model, block_causal_allowed, blocks_allowed
 
 __all__ = ["FeatureFusion", "ConditionedDrafter", "CONDITIONED_KIND"]
@@ -112,6 +113,7 @@ class ConditionedDrafter(Drafter):
                 f"cache_window={cache_window} must be >= 1 (context positions kept in the prefix cache)"
             )
         self.cache_window = None if cache_window is None else int(cache_window)
+        self.compiled = False
         self.reset()
 
     # ------------------------------------------------------------------ loading / saving
@@ -240,6 +242,11 @@ class ConditionedDrafter(Drafter):
         self._past = 0
         self._inbox: list[torch.Tensor] = []
 
+    def set_compiled(self, enabled: bool) -> None:
+        """Draft through the decoder's compiled forward over a static prefix cache
+        (:class:`~.compiled_prefix.StaticPrefixCache`) from the next sequence on."""
+        self.compiled = bool(enabled)
+
     def observe(self, features: torch.Tensor) -> None:
         self._inbox.append(features)
 
@@ -262,10 +269,18 @@ class ConditionedDrafter(Drafter):
                 f"{self.fusion.proj.in_features} ({len(self.feature_layers)} layers of the verifier it was "
                 f"trained for); pair it with that verifier"
             )
-        if self._cache is None:
-            self._cache = DynamicCache()
         dtype = next(self.model.parameters()).dtype
         block = self._embed(self._block_tokens(input_ids[0, -1:], gamma))  # [1, g, H]
+        if self.compiled:
+            if self._cache is None:
+                self._cache = StaticPrefixCache(self._base().get_decoder(), self.cache_window)
+            context = None if new is None else self.fusion(new.to(self.device, dtype))[None]
+            hidden = self._cache.run(context, block)
+            self._past += num_new
+            self._inbox = []
+            return self._head(hidden, self.head_vocab)
+        if self._cache is None:
+            self._cache = DynamicCache()
         parts = [block] if new is None else [self.fusion(new.to(self.device, dtype))[None], block]
         # keys carry their positions (RoPE), so a window of the cache needs only the mask's width
         allowed = block_causal_allowed(self._cache.get_seq_length(), num_new, gamma, self.device)
