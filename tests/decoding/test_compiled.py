@@ -138,6 +138,14 @@ def test_autotuned_gemms_equal_the_eager_verifier_and_freeze_the_weights():
     # an earlier cache (freezing baked the first into the graph before caches were kept plain inputs)
     _assert_same_rounds(eager, StaticTreeVerifier(model, prompt, feature_layers=(2,)), seed=8, tol=1e-4)
     _assert_compiled_decodes_are_greedy_identical(model, prompt, seed=2)
+    # another model of the class, its own weights frozen in: its graphs are its own (each compiled
+    # model has a code object of its own and no module guards, compiled._own_forward), never the
+    # first model's, though they share forward's code and the first is still alive
+    other = tiny_model("llama", vocab_size=VOCAB, seed=14, dtype=torch.float32)
+    use_linear_kernels(other, {}, {"kernel": "linear", "one_node": False, "gemm": "autotune"})
+    assert reference_greedy(other, prompt, 20).tolist() != reference_greedy(model, prompt, 20).tolist()
+    _assert_compiled_decodes_are_greedy_identical(other, prompt, seed=3)
+    _assert_compiled_decodes_are_greedy_identical(model, prompt, seed=4)
     with torch.no_grad():
         model.lm_head.weight.mul_(1.5)
     with pytest.raises(RuntimeError, match="weights changed.*reload the verifier"):
