@@ -26,7 +26,9 @@ serves every size inside the graph (:data:`~.attention.MAX_GROUPED_QUERIES_COMPI
 fixed tree compiles another graph on first use. :func:`warm_compiled` compiles before a timed run
 (SmolLM2 on a 2-core Xeon: 54 s with an empty inductor cache; three graphs took 135 s). The prefill
 runs eagerly (its length varies per prompt). Compiled kernels are cached on disk by inductor (per
-machine: :func:`use_machine_inductor_cache`), so a later process compiles in seconds.
+machine: :func:`use_machine_inductor_cache`), so a later process compiles in seconds under the
+stock plan; under the autotuned plan (frozen weights) a later process took ~1.5-2 minutes again on
+the 2-core Xeon (stop 27, cache warm).
 
 On a CPU the GEMMs are inductor's own (:func:`inductor_options`, plan ``gemm: "autotune"`` of
 :func:`~.kernels.choose_compiled_kernels`): the weights are frozen into the graph and each product is

@@ -307,8 +307,8 @@ def speculative_generate(
             continuations of the context's longest suffix there join each round's candidates.
         compile: score every tree through the verifier's compiled forward over a static KV cache
             (:mod:`~specdiff_lightning.decoding.compiled`): no framework overhead per round, at
-            the price of compiling a few graphs on first use (minutes on a CPU with a cold inductor
-            cache, seconds after); ``tree='auto'`` then sizes trees from the compiled forward's
+            the price of compiling a few graphs on first use (minutes on a CPU: with the
+            weights frozen in, every process compiles again); ``tree='auto'`` then sizes trees from the compiled forward's
             measured cost. The output is the same: the compiled forward is the verifier.
 
     Returns:
