@@ -66,6 +66,7 @@ from .verifier import TreeVerifier
 __all__ = [
     "StaticTreeVerifier",
     "compiled_forward",
+    "copy_positions",
     "mark_dynamic",
     "static_addresses_off",
     "warm_compiled",
@@ -237,6 +238,19 @@ def cache_capacity(positions: int) -> int:
     return max(MIN_CAPACITY, 1 << math.ceil(math.log2(max(positions, 1))))
 
 
+def copy_positions(layers, cache, start: int, stop: int, frozen: bool) -> None:
+    """Copy positions ``[start, stop)`` of ``layers`` (a cache's layers, static or dynamic) into
+    slots ``[0, stop - start)`` of the static ``cache``, whose layers are allocated here shaped like
+    them (as plain inputs where the compiled graph freezes weights: :func:`static_addresses_off`).
+    Layers never written (a prompt of one token) are left unallocated."""
+    for src, dst in zip(layers, cache.layers, strict=True):
+        if getattr(src, "is_initialized", True):
+            with static_addresses_off(frozen):
+                dst.lazy_initialization(src.keys, src.values)
+            dst.keys[..., : stop - start, :] = src.keys[..., start:stop, :]
+            dst.values[..., : stop - start, :] = src.values[..., start:stop, :]
+
+
 class StaticTreeVerifier(TreeVerifier):
     """:class:`~.verifier.TreeVerifier`'s state in a static KV cache, scored by a compiled forward.
 
@@ -310,15 +324,10 @@ class StaticTreeVerifier(TreeVerifier):
 
     def _grow(self, needed: int) -> None:
         """Move the committed keys/values into a cache that holds ``needed`` positions."""
-        old, length = self.cache, self._length
+        old = self.cache
         self._capacity = cache_capacity(needed)
         self.cache = self._new_cache(0)
-        for src, dst in zip(old.layers, self.cache.layers, strict=True):
-            if src.is_initialized:
-                with static_addresses_off(self._frozen):
-                    dst.lazy_initialization(src.keys, src.values)
-                dst.keys[..., :length, :] = src.keys[..., :length, :]
-                dst.values[..., :length, :] = src.values[..., :length, :]
+        copy_positions(old.layers, self.cache, 0, self._length, self._frozen)
 
     def score(self, tree: DraftTree) -> torch.Tensor:
         past, n = self._length, tree.size

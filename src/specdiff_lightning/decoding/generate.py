@@ -307,9 +307,9 @@ def speculative_generate(
             continuations of the context's longest suffix there join each round's candidates.
         compile: score every tree through the verifier's compiled forward over a static KV cache
             (:mod:`~specdiff_lightning.decoding.compiled`): no framework overhead per round, at
-            the price of compiling a few graphs on first use (minutes on a CPU: with the
-            weights frozen in, every process compiles again); ``tree='auto'`` then sizes trees from the compiled forward's
-            measured cost. The output is the same: the compiled forward is the verifier.
+            the price of compiling a few graphs on first use (minutes on a CPU: with the weights
+            frozen in, every process compiles again); ``tree='auto'`` then sizes trees from the
+            compiled forward's measured cost. The output is the same: the compiled forward is the verifier.
 
     Returns:
         :class:`GenerationOutput` with ``sequences[1, L + new]`` and per-round ``stats``.

@@ -19,8 +19,9 @@ with the same visibility as the dynamic cache it replaces:
   several, the context rows first: one shape-dynamic graph serves them all.
 
 The first call (the prompt's features, of any length) runs eagerly over a dynamic cache; the static
-cache then takes the window's keys from it, so its size does not depend on the prompt. Drafts only: losslessness never depends on the drafter (METHOD.md §4), and in float32
-the logits equal the eager drafter's to rounding (tests).
+cache then takes the window's keys from it, so its size does not depend on the prompt. Drafts only:
+losslessness never depends on the drafter (METHOD.md §4), and in float32 the logits equal the eager
+drafter's to rounding (tests).
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from ..decoding.attention import MAX_GROUPED_QUERIES_COMPILED, to_model_mask
 from ..decoding.compiled import (
     cache_capacity,
     compiled_forward,
+    copy_positions,
     inductor_options,
     mark_dynamic,
-    static_addresses_off,
 )
 from ..decoding.kernels import choose_compiled_kernels
 from .diffusion import block_causal_allowed
@@ -144,23 +145,15 @@ class StaticPrefixCache:
         ).last_hidden_state
         keep = num_new if self.window is None else min(num_new, self.window)
         self.capacity = cache_capacity(2 * max(keep, self.window or 0, MAX_ROWS))
-        self.cache = self._allocate(self.capacity, dynamic.layers)
-        for src, dst in zip(dynamic.layers, self.cache.layers, strict=True):
-            dst.keys[..., :keep, :] = src.keys[..., num_new - keep : num_new, :]
-            dst.values[..., :keep, :] = src.values[..., num_new - keep : num_new, :]
+        self.cache = self._new_cache()
+        copy_positions(dynamic.layers, self.cache, num_new - keep, num_new, self._frozen)
         self.past, self._offset = num_new, num_new - keep
         return hidden
 
-    def _allocate(self, capacity: int, like) -> object:
-        """A static cache of ``capacity`` positions shaped like the layers ``like`` (as plain inputs
-        where the compiled graph freezes weights: decoding/compiled.py)."""
+    def _new_cache(self):
         from transformers import StaticCache
 
-        cache = StaticCache(config=self.decoder.config, max_cache_len=capacity)
-        with static_addresses_off(self._frozen):
-            for src, dst in zip(like, cache.layers, strict=True):
-                dst.lazy_initialization(src.keys, src.values)
-        return cache
+        return StaticCache(config=self.decoder.config, max_cache_len=self.capacity)
 
     def _make_room(self, total: int, low: int) -> None:
         """Make ``total`` free slots after the committed ones: move the slots of positions ``low``
@@ -179,9 +172,7 @@ class StaticPrefixCache:
         self._grow(cached + total)
 
     def _grow(self, needed: int) -> None:
-        old, cached = self.cache, self.past - self._offset
+        old = self.cache
         self.capacity = cache_capacity(needed)
-        self.cache = self._allocate(self.capacity, old.layers)
-        for src, dst in zip(old.layers, self.cache.layers, strict=True):
-            dst.keys[..., :cached, :] = src.keys[..., :cached, :]
-            dst.values[..., :cached, :] = src.values[..., :cached, :]
+        self.cache = self._new_cache()
+        copy_positions(old.layers, self.cache, 0, self.past - self._offset, self._frozen)

@@ -251,8 +251,6 @@ class ConditionedDrafter(Drafter):
         self._inbox.append(features)
 
     def _cached_logits(self, input_ids: torch.Tensor, gamma: int) -> torch.Tensor:
-        from transformers import DynamicCache
-
         new = torch.cat(self._inbox) if self._inbox else None
         num_new = 0 if new is None else new.shape[0]
         committed = input_ids.shape[1] - 1
@@ -271,23 +269,33 @@ class ConditionedDrafter(Drafter):
             )
         dtype = next(self.model.parameters()).dtype
         block = self._embed(self._block_tokens(input_ids[0, -1:], gamma))  # [1, g, H]
-        if self.compiled:
-            if self._cache is None:
-                self._cache = StaticPrefixCache(self._base().get_decoder(), self.cache_window)
-            context = None if new is None else self.fusion(new.to(self.device, dtype))[None]
-            hidden = self._cache.run(context, block)
-            self._past += num_new
-            self._inbox = []
-            return self._head(hidden, self.head_vocab)
+        context = None if new is None else self.fusion(new.to(self.device, dtype))[None]
+        hidden = self._static_round(context, block) if self.compiled else self._dynamic_round(context, block)
+        self._past += num_new
+        self._inbox = []
+        return self._head(hidden, self.head_vocab)
+
+    def _static_round(self, context: torch.Tensor | None, block: torch.Tensor) -> torch.Tensor:
+        """The block's hidden states ``[1, g, H]`` through the compiled static prefix cache."""
+        if self._cache is None:
+            self._cache = StaticPrefixCache(self._base().get_decoder(), self.cache_window)
+        return self._cache.run(context, block)
+
+    def _dynamic_round(self, context: torch.Tensor | None, block: torch.Tensor) -> torch.Tensor:
+        """The block's hidden states ``[1, g, H]`` through the eager decoder over a dynamic cache,
+        cropped to the committed rows (and the window) afterwards."""
+        from transformers import DynamicCache
+
         if self._cache is None:
             self._cache = DynamicCache()
-        parts = [block] if new is None else [self.fusion(new.to(self.device, dtype))[None], block]
+        num_new, gamma = (0 if context is None else context.shape[1]), block.shape[1]
+        rows = block if context is None else torch.cat([context, block], dim=1)
         # keys carry their positions (RoPE), so a window of the cache needs only the mask's width
         allowed = block_causal_allowed(self._cache.get_seq_length(), num_new, gamma, self.device)
         hidden = (
             self._base()
             .get_decoder()(
-                inputs_embeds=torch.cat(parts, dim=1),
+                inputs_embeds=rows,
                 attention_mask=self._mask(allowed[None]),
                 position_ids=torch.arange(self._past, self._past + num_new + gamma, device=self.device)[None],
                 cache=self._cache,
@@ -300,9 +308,7 @@ class ConditionedDrafter(Drafter):
             for layer in self._cache.layers:
                 layer.keys = layer.keys[..., -self.cache_window :, :]
                 layer.values = layer.values[..., -self.cache_window :, :]
-        self._past += num_new
-        self._inbox = []
-        return self._head(hidden[:, -gamma:], self.head_vocab)
+        return hidden[:, -gamma:]
 
     @torch.no_grad()
     def propose(
