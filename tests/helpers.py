@@ -128,11 +128,12 @@ def quiet_trainer(tmp_path, **kwargs):
     )
 
 
-def fit_briefly(module, corpus, tmp_path, max_steps: int) -> None:
-    """A few quiet training steps of a drafter-training module on a sequence corpus."""
+def fit_briefly(module, corpus, tmp_path, max_steps: int, **trainer) -> None:
+    """A few quiet training steps of a drafter-training module on a sequence corpus (``trainer``:
+    more Trainer arguments, e.g. ``precision``)."""
     from specdiff_lightning.data.sequences import SequenceDataModule
 
-    quiet_trainer(tmp_path, max_steps=max_steps).fit(
+    quiet_trainer(tmp_path, max_steps=max_steps, **trainer).fit(
         module, SequenceDataModule(str(corpus), batch_size=4, max_length=32)
     )
 

@@ -102,3 +102,17 @@ def test_training_continues_from_a_saved_drafter(tmp_path):
 def test_a_bad_objective_is_a_clear_error():
     with pytest.raises(ValueError, match="objective must be one of"):
         DFlashDrafterTraining(**TINY, objective="kl")
+
+
+def test_a_bfloat16_verifier_trains_a_float32_drafter_and_a_bad_dtype_is_a_clear_error(tmp_path):
+    """verifier_dtype casts the frozen verifier only: the drafter's weights stay float32 and train
+    under bf16-mixed; a name that is no floating dtype is refused naming the choices."""
+    corpus = random_sequence_corpus(tmp_path / "corpus.jsonl")
+    module = DFlashDrafterTraining(**TINY, verifier_dtype="bfloat16")
+    assert module.verifier.dtype == torch.bfloat16
+    assert {p.dtype for p in module.drafter_model.parameters()} == {torch.float32}
+    before = {k: v.clone() for k, v in module.drafter_model.state_dict().items()}
+    fit_briefly(module, corpus, tmp_path, max_steps=2, precision="bf16-mixed")
+    assert any(not torch.equal(before[k], v) for k, v in module.drafter_model.state_dict().items())
+    with pytest.raises(ValueError, match="verifier_dtype='int8'.*'float32' or 'bfloat16'"):
+        DFlashDrafterTraining(**TINY, verifier_dtype="int8")

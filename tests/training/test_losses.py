@@ -158,3 +158,46 @@ def test_masked_ce_position_decay_weights_each_window_position():
     torch.testing.assert_close(masked_ce_loss(logits, targets)[0], ce[valid].mean())
     with pytest.raises(ValueError, match="decay must be > 0"):
         masked_ce_loss(logits, targets, decay=-1.0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_target_logprobs_equal_the_whole_log_softmax_and_its_gradient(temperature):
+    """The chunked log q(x) (losses._TargetLogProbs, rows in chunks) gives the values and the
+    gradient of ``log_softmax(logits / T).gather(x)`` over more rows than one chunk, ignored
+    targets included; masked_ce and streak built on it equal their plain expressions."""
+    from specdiff_lightning.training import losses
+
+    torch.manual_seed(1)
+    rows = 2 * losses._ROWS_PER_CHUNK + 5  # three chunks, the last partial
+    logits = torch.randn(rows // 5, 5, 11, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 11, (rows // 5, 5))
+    targets[::3, 3:] = IGNORE_INDEX
+    valid = targets != IGNORE_INDEX
+    seed = torch.randn(rows // 5, 5, dtype=torch.float64)
+
+    plain = torch.log_softmax(logits / temperature, -1).gather(-1, targets.clamp_min(0)[..., None])
+    plain = plain.squeeze(-1).masked_fill(~valid, 0.0)
+    (want,) = torch.autograd.grad((plain * seed).sum(), logits)
+    got_values = losses._target_logprobs(logits, targets, temperature)
+    (got,) = torch.autograd.grad((got_values * seed).sum(), logits)
+    torch.testing.assert_close(got_values, plain)
+    torch.testing.assert_close(got, want)
+
+    ce, streak = masked_ce_loss(logits, targets, temperature)
+    torch.testing.assert_close(ce, -plain[valid].mean())
+    torch.testing.assert_close(streak, torch.exp(torch.cumsum(plain, -1)).mul(valid).sum(-1))
+
+
+def test_chunked_target_logprobs_of_bf16_logits_are_float32_with_a_bf16_gradient():
+    """bf16 logits (autocast's head) are scored in float32; their gradient keeps their dtype."""
+    from specdiff_lightning.training import losses
+
+    torch.manual_seed(2)
+    logits = torch.randn(4, 3, 9).to(torch.bfloat16).requires_grad_(True)
+    targets = torch.randint(0, 9, (4, 3))
+    values = losses._target_logprobs(logits, targets, 1.0)
+    assert values.dtype == torch.float32
+    values.sum().backward()
+    assert logits.grad.dtype == torch.bfloat16
+    want = torch.log_softmax(logits.detach().float(), -1).gather(-1, targets[..., None]).squeeze(-1)
+    torch.testing.assert_close(values, want)

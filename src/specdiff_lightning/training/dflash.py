@@ -56,6 +56,15 @@ def init_layers_from_verifier(
     drafter.model.norm.weight.copy_(verifier.get_decoder().norm.weight)
 
 
+def _weights_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(
+            f"verifier_dtype={name!r} is not a floating dtype of torch; give 'float32' or 'bfloat16'"
+        )
+    return dtype
+
+
 class DFlashDrafterTraining(VerifierFeatureTraining):
     """Train a :class:`~specdiff_lightning.models.dflash.DFlashDrafter` against a frozen verifier.
 
@@ -81,6 +90,10 @@ class DFlashDrafterTraining(VerifierFeatureTraining):
             (:mod:`~specdiff_lightning.feature_store`): written on the first read, read back by
             the data module (``SequenceDataModule(feature_store=...)``, linked by the CLI) in later
             epochs and runs, so the verifier reads each training sequence once. None: no store.
+        verifier_dtype: the frozen verifier's weights (``"float32"``, ``"bfloat16"``...). Under
+            ``precision: bf16-mixed`` a bfloat16 verifier reads a batch faster (2 CPU cores with AMX:
+            ~1.7 s against ~2.5 s for 8 sequences of ~300 tokens), with the features decoding in
+            bfloat16 sees; the drafter's own weights stay float32 either way.
         export_dir / export_dtype / overwrite_export: as every drafter training module.
     """
 
@@ -107,11 +120,12 @@ class DFlashDrafterTraining(VerifierFeatureTraining):
         export_dir: str | None = None,
         export_dtype: str = "bfloat16",
         overwrite_export: bool = False,
+        verifier_dtype: str = "float32",
     ) -> None:
         super().__init__()
         self._check_objective(objective, targets, loss_decay)
         self.save_hyperparameters()
-        frozen = load_verifier(verifier, dtype=torch.float32)
+        frozen = load_verifier(verifier, dtype=_weights_dtype(verifier_dtype))
         self._hold_verifier(frozen)  # not a submodule: frozen, shared, never checkpointed
         if init_from:
             drafter = DFlashDrafter.from_pretrained(init_from, verifier=frozen, dtype=torch.float32)

@@ -50,10 +50,53 @@ def _valid(targets: torch.Tensor) -> torch.Tensor:
     return targets != IGNORE_INDEX
 
 
+#: rows of logits :class:`_TargetLogProbs` upcasts at a time (~25 MB of float32 at a 49k vocabulary)
+_ROWS_PER_CHUNK = 128
+
+
+class _TargetLogProbs(torch.autograd.Function):
+    """``log softmax(logits / T)[x]`` row by row, in chunks of :data:`_ROWS_PER_CHUNK` rows.
+
+    The same values and gradients as ``F.log_softmax(_up(logits) / T).gather(-1, x)``, without its
+    float32 copies of the whole ``[rows, V]`` tensor: a drafter's training step scores thousands of
+    rows over a 49k vocabulary (SmolLM2: 3,840 x 49,152 = 755 MB per float32 copy), and the
+    several whole copies the plain expression allocates cost more than the drafter's forward and
+    backward together (measured on 2 CPU cores: 3.5-5.5 s of a ~10 s step, much of it page
+    faults). The gradient ``(onehot(x) - softmax) / T`` is recomputed chunk by chunk in backward
+    and written in the logits' own dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        flat, index = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1, 1).clamp_min(0)
+        out = torch.empty(flat.shape[0], dtype=compute_dtype(logits.dtype), device=logits.device)
+        for s in range(0, flat.shape[0], _ROWS_PER_CHUNK):
+            up = _up(flat[s : s + _ROWS_PER_CHUNK]) / temperature
+            picked = up.gather(-1, index[s : s + _ROWS_PER_CHUNK]).squeeze(-1)
+            out[s : s + _ROWS_PER_CHUNK] = picked - torch.logsumexp(up, dim=-1)
+        ctx.save_for_backward(logits, targets)
+        ctx.temperature = temperature
+        return out.view(targets.shape)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        logits, targets = ctx.saved_tensors
+        flat, index = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1, 1).clamp_min(0)
+        scale = grad.reshape(-1, 1) / ctx.temperature
+        out = torch.empty_like(flat)
+        for s in range(0, flat.shape[0], _ROWS_PER_CHUNK):
+            rows = slice(s, s + _ROWS_PER_CHUNK)
+            g = torch.softmax(_up(flat[rows]) / ctx.temperature, dim=-1).neg_()
+            g.scatter_add_(-1, index[rows], torch.ones_like(index[rows], dtype=g.dtype))
+            out[rows] = g.mul_(scale[rows].to(g.dtype))
+        return out.view_as(logits), None, None
+
+
 def _target_logprobs(draft_logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``log q_k(x_k)`` (0 at ignored positions)."""
-    logq = F.log_softmax(_up(draft_logits) / temperature, dim=-1)
-    picked = logq.gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1)
+    """``log q_k(x_k)`` (0 at ignored positions), in at least float32, computed in row chunks
+    (:class:`_TargetLogProbs`)."""
+    picked = _TargetLogProbs.apply(draft_logits, targets, float(temperature))
     return picked.masked_fill(~_valid(targets), 0.0)
 
 
@@ -195,19 +238,18 @@ def masked_ce_loss(
     ``decay`` (DFlash's position decay) the mean weighted by ``exp(-(k - 1) / decay)`` at window
     position k = 1..g, since a token is only accepted after every earlier one was: the first
     positions carry most of the accepted length."""
-    ce = F.cross_entropy(
-        _up(draft_logits).flatten(0, 1) / temperature,
-        targets.flatten(),
-        ignore_index=IGNORE_INDEX,
-        reduction="none" if decay else "mean",
-    )
+    if decay is not None and decay <= 0:
+        raise ValueError(f"decay must be > 0 (or None: no decay), got {decay}")
+    # cross-entropy is -log q_k(x_k): the same chunked log-probabilities give the loss and the
+    # streak, so the [rows, V] logits are read twice (forward, backward), never copied whole
+    logq = _target_logprobs(draft_logits, targets, temperature)
+    valid = _valid(targets)
+    weights = valid.to(logq.dtype)
     if decay:
-        if decay <= 0:
-            raise ValueError(f"decay must be > 0 (or None: no decay), got {decay}")
-        k = torch.arange(targets.shape[1], device=ce.device, dtype=ce.dtype)
-        weights = torch.exp(-k / decay).expand_as(targets) * _valid(targets)
-        ce = (ce.view_as(targets) * weights).sum() / weights.sum().clamp_min(1e-12)
-    return _with_streak(ce, draft_logits, targets, temperature)
+        k = torch.arange(targets.shape[1], device=logq.device, dtype=logq.dtype)
+        weights = torch.exp(-k / decay).expand_as(logq) * weights
+    ce = -(logq * weights).sum() / weights.sum().clamp_min(1e-12)
+    return ce, streak_terms(logq.detach(), valid).sum(-1)
 
 
 def mdm_corrupt(
