@@ -70,6 +70,7 @@ def test_smollm2_rows_name_shipped_drafters_and_unique_keys():
         "specdiff2_dflash_auto_bf16",
         "specdiff2_dflash_auto_store_bf16",
         "specdiff2_dflash_auto_store_fp32",
+        "specdiff2_dflash_auto_store_compiled_bf16",
         "specdiff2_dflash_k1_bf16",
         "specdiff2_dflash_k1_lookup_bf16",
         "specdiff2_dflash_k4_bf16",
