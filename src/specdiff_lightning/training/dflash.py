@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..models.dflash import DFlashDrafter
-from ..models.loading import load_verifier
+from ..models.loading import load_verifier, resolve_dtype
 from .features import VerifierFeatureTraining
 
 __all__ = ["DFlashDrafterTraining", "init_layers_from_verifier"]
@@ -57,7 +57,9 @@ def init_layers_from_verifier(
 
 
 def _weights_dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, str(name), None)
+    """The verifier's weight dtype from its name (the project's one name lookup, ``resolve_dtype``),
+    refused unless it is a floating dtype ("auto" included: a training run names its dtype)."""
+    dtype = resolve_dtype(name)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(
             f"verifier_dtype={name!r} is not a floating dtype of torch; give 'float32' or 'bfloat16'"
