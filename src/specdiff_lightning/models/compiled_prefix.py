@@ -1,4 +1,5 @@
-"""A conditioned drafter's prefix cache held in a static KV cache and run by a compiled forward.
+"""A drafter's prefix cache held in a static KV cache and run by a compiled forward: the conditioned
+drafter's (:class:`StaticPrefixCache`) and a DFlash drafter's context cache (:class:`StaticContextCache`).
 
 Eager, a conditioned drafter's round (SmolLM2's 2-layer drafter, bf16, 2-core Xeon) costs ~4 ms,
 most of it the framework around two small layers; through the compiled decoder over a static cache
@@ -40,7 +41,7 @@ from ..decoding.compiled import (
 from ..decoding.kernels import choose_compiled_kernels
 from .diffusion import block_causal_allowed
 
-__all__ = ["StaticPrefixCache", "MAX_ROWS"]
+__all__ = ["StaticPrefixCache", "StaticContextCache", "MAX_ROWS"]
 
 #: the most rows one compiled call runs: the range the compiled graph is shape-dynamic over
 #: (grouped SDPA up to this many queries, decoding/attention.py)
@@ -176,3 +177,109 @@ class StaticPrefixCache:
         self.capacity = cache_capacity(needed)
         self.cache = self._new_cache()
         copy_positions(old.layers, self.cache, 0, self.past - self._offset, self._frozen)
+
+
+#: context rows every compiled DFlash call carries at least (earlier rows re-sent): dynamo gives a
+#: dimension of size 1 a graph of its own, so a round that commits one token would compile another
+_MIN_CONTEXT = 2
+
+
+class StaticContextCache(StaticPrefixCache):
+    """A DFlash drafter's context cache (:class:`~.dflash.DFlashDrafter`) held the same way.
+
+    DFlash differs from the conditioned drafter in what a call runs: its queries are the block only,
+    and the committed tokens' features enter as keys and values (every layer projects them with the
+    block), which ``DFlashCache`` keeps. Here the stock model's forward writes them into a
+    ``StaticCache`` at the committed slots, the block's keys after them (overwritten next call); the
+    block sees every committed slot and itself, as the dynamic cache's bidirectional mask says.
+
+    A round that commits fewer than :data:`_MIN_CONTEXT` tokens re-sends the last committed
+    features: their keys are written again at their own slots and positions (the same values), so one
+    shape-dynamic graph serves every round. Full-attention layers only (no window).
+
+    Args:
+        model: the stock ``MuseGlimmerAssistantModel``.
+        compile: as :class:`StaticPrefixCache`.
+    """
+
+    def __init__(self, model: nn.Module, compile: bool = True) -> None:
+        super().__init__(model, window=None, compile=compile)
+        #: the last committed features ``[1, <=_MIN_CONTEXT, F]`` (re-sent by short rounds)
+        self._tail: torch.Tensor | None = None
+
+    def run(self, context: torch.Tensor | None, block: torch.Tensor) -> torch.Tensor:
+        """Commit ``context[1, n, F]`` (the verifier's features of the tokens committed since the last
+        call, or None) and run the embedded ``block[1, B, H]`` after it; returns its hidden states
+        ``[1, B, H]``."""
+        if self.cache is None:
+            return self._first(context, block)
+        if context is not None:
+            while context.shape[1] > MAX_ROWS:  # catch-up: earlier rows first, their block dropped
+                self._call(context[0, :MAX_ROWS][None], block)
+                context = context[0, MAX_ROWS:][None]
+        return self._call(context, block)
+
+    def _call(self, context: torch.Tensor | None, block: torch.Tensor) -> torch.Tensor:
+        num_new = 0 if context is None else context.shape[1]
+        resent = 0 if self._tail is None else min(self._tail.shape[1], max(0, _MIN_CONTEXT - num_new))
+        if resent:
+            tail = self._tail[:, self._tail.shape[1] - resent :]
+            context = tail if context is None else torch.cat([tail, context], dim=1)
+        gamma = block.shape[1]
+        self._make_room(num_new + gamma, 0)
+        cached = self.past - self._offset
+        device = block.device
+        allowed = torch.zeros(1, gamma, self.capacity, dtype=torch.bool, device=device)
+        allowed[..., : cached + num_new + gamma] = True
+        mask = to_model_mask(allowed, self.decoder, self.dtype)
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(cached - resent)
+        positions = torch.arange(self.past - resent, self.past + num_new + gamma, device=device)
+        inputs = dict(
+            noise_embeds=block,
+            context_hidden_states=context if context is not None else block.new_zeros(1, 0, self._width),
+            position_ids=positions[None],
+        )
+        if self.compile:
+            mark_dynamic(
+                inputs, {"context_hidden_states": 1, "position_ids": 1}, span=(_MIN_CONTEXT, MAX_ROWS)
+            )
+        hidden = self._forward(
+            **inputs,
+            attention_mask={"full_attention": mask, "sliding_attention": mask},
+            cache=self.cache,
+            use_cache=True,
+        ).last_hidden_state
+        self._keep_tail(context)
+        self.past += num_new
+        return hidden
+
+    def _first(self, context: torch.Tensor | None, block: torch.Tensor) -> torch.Tensor:
+        """The first call (the prompt's features, any number), eager over a ``DFlashCache``; the
+        static cache then takes its committed keys (sized for them, as :class:`StaticPrefixCache`)."""
+        from transformers.cache_utils import DFlashCache
+
+        num_new = 0 if context is None else context.shape[1]
+        self._width = len(self.decoder.config.target_layer_ids) * int(self.decoder.config.hidden_size)
+        if context is None:
+            context = block.new_zeros(1, 0, self._width)
+        dynamic = DFlashCache(config=self.decoder.config)
+        dynamic.set_previous_accepted_tokens(num_new)
+        hidden = self.decoder(
+            noise_embeds=block,
+            context_hidden_states=context,
+            position_ids=torch.arange(num_new + block.shape[1], device=block.device)[None],
+            cache=dynamic,
+            use_cache=True,
+        ).last_hidden_state
+        self.capacity = cache_capacity(2 * max(num_new, MAX_ROWS))
+        self.cache = self._new_cache()
+        copy_positions(dynamic.layers, self.cache, 0, num_new, self._frozen)
+        self.past, self._offset = num_new, 0
+        self._keep_tail(context)
+        return hidden
+
+    def _keep_tail(self, context: torch.Tensor) -> None:
+        if context.shape[1]:
+            # a copy: a view would keep the round's whole feature row alive
+            self._tail = context[0, -_MIN_CONTEXT:][None].clone()

@@ -23,12 +23,14 @@ of layer i), while HF ``hidden_states[0]`` is the embeddings, so the loop's ``fe
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..decoding.drafting import Drafter, Proposal, derived_generator, head_logits, sample_from_marginals
+from .compiled_prefix import StaticContextCache
 
 __all__ = ["DFlashDrafter", "DFLASH_KIND"]
 
@@ -107,6 +109,7 @@ class DFlashDrafter(Drafter):
         if head_vocab is not None and not 1 <= int(head_vocab) <= self.vocab_size:
             raise ValueError(f"head_vocab={head_vocab} must lie in [1, {self.vocab_size}] (the vocabulary)")
         self.head_vocab = None if head_vocab is None else int(head_vocab)
+        self.compiled = False
         self.reset()
 
     # ------------------------------------------------------------------ building / loading / saving
@@ -210,8 +213,22 @@ class DFlashDrafter(Drafter):
         self._cache = DFlashCache(config=self.model.config)
         # sliding-window layers may be cropped after they are full only when they record their past
         self._cache.activate_past_recording()
+        self._static = None
         self._past = 0
         self._inbox: list[torch.Tensor] = []
+
+    def set_compiled(self, enabled: bool) -> None:
+        """Draft through the model's compiled forward over a static context cache
+        (:class:`~.compiled_prefix.StaticContextCache`) from the next sequence on. Full-attention
+        drafters only: one with sliding-window layers keeps drafting eagerly (a warning says so)."""
+        full = all(t == "full_attention" for t in getattr(self.model.config, "layer_types", None) or ())
+        if enabled and not full:
+            warnings.warn(
+                f"{self!r} has sliding-window layers ({self.model.config.layer_types}); its compiled drafting "
+                f"path holds full-attention caches only, so it drafts eagerly (the verifier still compiles)",
+                stacklevel=2,
+            )
+        self.compiled = bool(enabled) and full
 
     def observe(self, features: torch.Tensor) -> None:
         self._inbox.append(features)
@@ -243,6 +260,21 @@ class DFlashDrafter(Drafter):
         masks = torch.full((self.block_size - 1,), self.mask_token_id, dtype=torch.long)
         block = torch.cat([input_ids[0, -1:].cpu(), masks]).to(self.embeddings.weight.device)
         noise = self.embeddings(block[None]).to(self.device, dtype)
+        if self.compiled:
+            if self._static is None:
+                self._static = StaticContextCache(self.model)
+            hidden = self._static.run(context if new else None, noise)
+        else:
+            hidden = self._dynamic_round(context, noise)
+        self._past += new
+        self._inbox = []
+        rows = hidden[0, 1:].to(self.head.weight.device, self.head.weight.dtype)
+        return head_logits(self.head, rows, self.head_vocab)[None]
+
+    def _dynamic_round(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The block's hidden states ``[1, block_size, H]`` through the eager model over the
+        ``DFlashCache``, which keeps the context only."""
+        new = context.shape[1]
         positions = torch.arange(self._past, self._past + new + self.block_size, device=self.device)
         self._cache.set_previous_accepted_tokens(new)
         hidden = self.model(
@@ -253,10 +285,7 @@ class DFlashDrafter(Drafter):
             use_cache=True,
         ).last_hidden_state
         self._cache.crop(-self.block_size)  # keep the context only: the block is redrawn every round
-        self._past += new
-        self._inbox = []
-        rows = hidden[0, 1:].to(self.head.weight.device, self.head.weight.dtype)
-        return head_logits(self.head, rows, self.head_vocab)[None]
+        return hidden
 
     def blocks_logits(
         self, features: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, gamma: int | None = None
