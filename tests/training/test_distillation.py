@@ -18,6 +18,10 @@ VERIFIER = dict(
     vocab_size=V, hidden_size=64, num_layers=2, seed=0, initializer_range=0.1
 )  # a peaked, LM-like p
 DRAFTER = dict(vocab_size=V, hidden_size=64, num_layers=2, seed=1)
+#: the Fig. 2 comparison's verifier: less peaked, so that acceptance past the first positions is not
+#: saturated near 0.9 for every drafter (with VERIFIER's it was, and the objectives' later-position
+#: difference, ~2%, was within the spread of CPU kernels and thread counts)
+FIG2_VERIFIER = dict(VERIFIER, initializer_range=0.07)
 QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
 
 
@@ -33,12 +37,13 @@ def _module(**kwargs):
     return DrafterDistillation(**args)
 
 
-def _sample_corpus(out: Path, seed: int = 0) -> Path:
-    """The tiny verifier's sampled continuations of 240 random prompts (``seed``: the sample)."""
+def _sample_corpus(out: Path, seed: int = 0, verifier: dict = VERIFIER) -> Path:
+    """The tiny verifier's sampled continuations of 240 random prompts (``seed``: the sample;
+    ``verifier``: its tiny config)."""
     rng = random.Random(0)
     prompts = [{"id": f"p{i}", "prompt_ids": [rng.randrange(0, V - 1) for _ in range(6)]} for i in range(240)]
     generate_corpus(
-        _module().verifier,
+        _module(verifier_kwargs={"tiny": verifier}).verifier,
         prompts,
         out,
         num_continuations=4,
@@ -71,13 +76,14 @@ def _fig2_run(corpus: Path, root: Path) -> tuple[float, tuple, tuple]:
     """The base drafter (masked CE on the corpus), then 3 epochs of each objective from it:
     ``(base streak, (streak, gamma_j) after streak-distillation, the same after AR-distillation)``."""
     torch.manual_seed(0)
-    base = _module(loss="masked_ce", lr=3e-3)
+    fig2 = {"verifier_kwargs": {"tiny": FIG2_VERIFIER}}
+    base = _module(loss="masked_ce", lr=3e-3, **fig2)
     L.Trainer(max_epochs=4, default_root_dir=root, **QUIET).fit(base, _data(corpus))
     base_streak, _ = _validate(base, _data(corpus), root)
     results = {}
     for loss in ("streak", "ar_distillation"):
         torch.manual_seed(0)
-        model = _module(loss=loss, lr=1e-3)
+        model = _module(loss=loss, lr=1e-3, **fig2)
         model.drafter_model.load_state_dict(base.drafter_model.state_dict())
         L.Trainer(max_epochs=3, default_root_dir=root, **QUIET).fit(model, _data(corpus))
         results[loss] = _validate(model, _data(corpus), root)
@@ -85,31 +91,34 @@ def _fig2_run(corpus: Path, root: Path) -> tuple[float, tuple, tuple]:
 
 
 @pytest.mark.slow
-def test_streak_distillation_raises_streak_and_beats_ar_distillation(corpus, tmp_path):
+def test_streak_distillation_raises_streak_and_beats_ar_distillation(tmp_path):
     """The base drafter is pretrained with masked cross-entropy on the corpus; fine-tuning it with
     the streak objective raises the validation streak, and more so on later positions than the
-    AR-distillation baseline trained the same way (the Fig. 2 shape).
+    AR-distillation baseline trained the same way (the Fig. 2 shape), on each of five samples of the
+    corpus.
 
-    The later-position margin is small at this scale and moves with the corpus's sample: over six
-    samples, streak-distillation's gain past the first position was 0.96-1.11x AR-distillation's
-    (mean 1.04), so a single sample passes or fails the 3% margin by chance. It is asserted on the
-    mean over five samples; the streak's rise over the base drafter, on each. (Over the first three
-    alone the margin is CPU-dependent: it held on a Zen 5 and was 1.027x on an Intel Xeon with AMX, whose
-    kernels round differently.)"""
-    runs = [_fig2_run(corpus, tmp_path)]
-    runs += [_fig2_run(_sample_corpus(tmp_path / f"corpus{seed}", seed), tmp_path) for seed in (1, 2, 3, 4)]
+    Measured with :data:`FIG2_VERIFIER` (one thread; a Xeon's native AMX/AVX512 kernels and the same
+    with AVX2-only kernels gave the same to ~0.02): streak-distillation's expected accepted mass past
+    the first position was 1.06-1.56x AR-distillation's per sample, 1.23x pooled. With the more
+    peaked :data:`VERIFIER` it had been 0.96-1.11x per sample and 1.02-1.03x pooled, so a 3% margin
+    passed or failed with the CPU's kernels (it failed with AVX2 kernels: 1.022x)."""
+    runs = [
+        _fig2_run(_sample_corpus(tmp_path / f"corpus{seed}", seed, FIG2_VERIFIER), tmp_path)
+        for seed in range(5)
+    ]
     later, ar_later, gamma2, ar_gamma2 = [], [], [], []
     for base_streak, (streak, curve), (ar_streak, ar_curve) in runs:
         print(
             f"base {base_streak:.3f}; streak {streak:.3f} {curve}; AR-distillation {ar_streak:.3f} {ar_curve}"
         )
-        assert streak > 1.3 * base_streak  # measured: 0.49-0.79 -> 0.99-1.29
+        assert streak > 1.3 * base_streak  # measured: 0.56-0.66 -> 1.05-1.33
         # Expected accepted mass past the first position (P_j, j >= 2)
         later.append(streak - curve[0])
         ar_later.append(ar_streak - ar_curve[0])
+        assert later[-1] > ar_later[-1]  # measured: 1.06-1.56x
         gamma2.append(curve[1])
         ar_gamma2.append(ar_curve[1])
-    assert sum(later) > 1.03 * sum(ar_later)
+    assert sum(later) > 1.1 * sum(ar_later)  # measured: 1.23x
     assert sum(gamma2) > sum(ar_gamma2)  # gamma_2, where AR-distillation has no direct signal
 
 
