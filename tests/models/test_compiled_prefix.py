@@ -26,24 +26,34 @@ def _drafter(dtype, window=None):
     return verifier, drafter
 
 
-def _rounds(drafter, static: StaticPrefixCache | None, gamma=4, seed=0, commits=COMMITS):
-    """The drafter's window logits over :data:`COMMITS` (random features and tokens: the cache
-    reads the rows it is given, whoever computed them); ``static``: through that static cache."""
+def _walk(drafter, width: int, draft, seed: int, commits) -> list[torch.Tensor]:
+    """``draft(ids)`` after each of ``commits`` (random features ``width`` wide and random tokens:
+    the cache reads the rows it is given, whoever computed them)."""
     gen = torch.Generator().manual_seed(seed)
-    width = drafter.fusion.proj.in_features
     dtype = next(drafter.model.parameters()).dtype
-    drafter.reset()
-    drafter.compiled = static is not None
-    drafter._cache = static
     ids = torch.randint(0, VOCAB - 1, (1, 6), generator=gen)
     drafter.observe(torch.randn(5, width, generator=gen).to(dtype))
     out = []
     with torch.no_grad():
         for n in commits:
-            out.append(drafter._cached_logits(ids, gamma)[0])
+            out.append(draft(ids)[0])
             ids = torch.cat([ids, torch.randint(0, VOCAB - 1, (1, n), generator=gen)], dim=1)
             drafter.observe(torch.randn(n, width, generator=gen).to(dtype))
     return out
+
+
+def _rounds(drafter, static: StaticPrefixCache | None, gamma=4, seed=0, commits=COMMITS):
+    """The drafter's window logits over :data:`COMMITS`; ``static``: through that static cache."""
+    drafter.reset()
+    drafter.compiled = static is not None
+    drafter._cache = static
+    return _walk(
+        drafter,
+        drafter.fusion.proj.in_features,
+        lambda ids: drafter._cached_logits(ids, gamma),
+        seed,
+        commits,
+    )
 
 
 @pytest.mark.parametrize("window", [None, 3, 40])
@@ -98,23 +108,13 @@ def _dflash(dtype):
 
 
 def _dflash_rounds(drafter, static: StaticContextCache | None, seed=0, commits=COMMITS):
-    """The DFlash drafter's block logits over :data:`COMMITS` (random features and tokens);
-    ``static``: through that static context cache."""
-    gen = torch.Generator().manual_seed(seed)
-    width = len(drafter.target_layer_ids) * drafter.model.config.hidden_size
-    dtype = next(drafter.model.parameters()).dtype
+    """The DFlash drafter's block logits over :data:`COMMITS`; ``static``: through that static
+    context cache."""
     drafter.reset()
     drafter.compiled = static is not None
     drafter._static = static
-    ids = torch.randint(0, VOCAB - 1, (1, 6), generator=gen)
-    drafter.observe(torch.randn(5, width, generator=gen).to(dtype))
-    out = []
-    with torch.no_grad():
-        for n in commits:
-            out.append(drafter.block_logits(ids)[0])
-            ids = torch.cat([ids, torch.randint(0, VOCAB - 1, (1, n), generator=gen)], dim=1)
-            drafter.observe(torch.randn(n, width, generator=gen).to(dtype))
-    return out
+    width = len(drafter.target_layer_ids) * drafter.model.config.hidden_size
+    return _walk(drafter, width, drafter.block_logits, seed, commits)
 
 
 def test_dflash_static_rounds_equal_its_dynamic_cache():
