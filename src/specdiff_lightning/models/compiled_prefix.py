@@ -204,6 +204,8 @@ class StaticContextCache(StaticPrefixCache):
 
     def __init__(self, model: nn.Module, compile: bool = True) -> None:
         super().__init__(model, window=None, compile=compile)
+        #: the width of the verifier's features the model reads (an empty context is this wide)
+        self._width = len(model.config.target_layer_ids) * int(model.config.hidden_size)
         #: the last committed features ``[1, <=_MIN_CONTEXT, F]`` (re-sent by short rounds)
         self._tail: torch.Tensor | None = None
 
@@ -260,7 +262,6 @@ class StaticContextCache(StaticPrefixCache):
         from transformers.cache_utils import DFlashCache
 
         num_new = 0 if context is None else context.shape[1]
-        self._width = len(self.decoder.config.target_layer_ids) * int(self.decoder.config.hidden_size)
         if context is None:
             context = block.new_zeros(1, 0, self._width)
         dynamic = DFlashCache(config=self.decoder.config)
