@@ -1,5 +1,5 @@
-"""Real code answers in the verifier's chat format, for training the conditioned drafter with the
-verifier's teacher-forced targets (``ConditionedDrafterTraining(targets="verifier")``).
+"""Real code answers in the verifier's chat format, for training the DFlash drafter with the
+verifier's teacher-forced targets (``DFlashDrafterTraining(targets="verifier")``).
 
 Each record: the same chat-formatted prompt as ``smollm2_corpus.py`` (a CPython-stdlib function's
 signature and docstring, never HumanEval) and, as the continuation, the function's real source in a

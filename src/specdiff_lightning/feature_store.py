@@ -1,6 +1,6 @@
 """A store of the verifier's hidden states, one file per training sequence.
 
-Training a drafter that reads the verifier's hidden states (the conditioned and DFlash families)
+Training a drafter that reads the verifier's hidden states (the DFlash family)
 spends most of a step in the frozen verifier's forward over the sequence (~5 of 6.7 s a step for
 SmolLM2 on 2 CPU cores). The first read of a sequence writes what the drafter needs (the hidden
 states at its feature layers and the verifier's greedy next tokens) to the store; every later epoch

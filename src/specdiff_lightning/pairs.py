@@ -44,10 +44,10 @@ class PairSpec:
 SHIPPED_PAIRS: dict[str, PairSpec] = {
     "smollm2-135m-instruct": PairSpec(
         verifier="smollm2-135m-instruct",
-        drafter="smollm2/drafter_conditioned",
-        summary="SmolLM2-135M-Instruct + its 2-layer drafter reading the verifier's hidden states",
-        # the head over the first 8,192 ids and a 256-position prefix window: docs/drafters.md
-        drafter_options={"head_vocab": 8192, "cache_window": 256},
+        drafter="smollm2/drafter_dflash",
+        summary="SmolLM2-135M-Instruct + its 3-layer DFlash drafter reading the verifier's hidden states",
+        # the head over the first 8,192 ids when decoding: docs/drafters.md
+        drafter_options={"head_vocab": 8192},
         decoding={"gamma": 8, "acceptance": "greedy", "tree": "auto"},
         # the verifier's own answers to 9,000 function prompts (the DFlash drafter's corpus)
         datastore="smollm2/corpus_dflash_1m.parquet",
@@ -103,7 +103,8 @@ def load_pair(name: str, dtype: str | torch.dtype = "auto", assets: str | Path |
     this machine, measured once and cached)."""
     from transformers import AutoTokenizer
 
-    from .models.conditioned import ConditionedDrafter
+    from .models.dflash import DFlashDrafter
+    from .models.dflash_format import dflash_layout
     from .models.loading import NAMED_VERIFIERS, load_verifier
 
     if name not in SHIPPED_PAIRS:
@@ -111,7 +112,7 @@ def load_pair(name: str, dtype: str | torch.dtype = "auto", assets: str | Path |
     spec = SHIPPED_PAIRS[name]
     path = Path(assets) if assets is not None else assets_dir()
     drafter_dir = path / spec.drafter
-    if not (drafter_dir / "slice.json").is_file():
+    if dflash_layout(drafter_dir) is None:
         raise FileNotFoundError(
             f"the shipped drafter of {name!r} is missing ({drafter_dir}); load_pair reads it from the "
             f"repository's assets/ (install with `pip install -e .` from a clone), or pass assets="
@@ -122,7 +123,7 @@ def load_pair(name: str, dtype: str | torch.dtype = "auto", assets: str | Path |
             raise FileNotFoundError(f"the shipped corpus of {name!r} is missing ({path / spec.datastore})")
         decoding["datastore"] = str(path / spec.datastore)
     verifier = load_verifier(spec.verifier, dtype=dtype)
-    drafter = ConditionedDrafter.from_slice(verifier, drafter_dir, **spec.drafter_options)
+    drafter = DFlashDrafter.from_pretrained(drafter_dir, verifier=verifier, **spec.drafter_options)
     source = NAMED_VERIFIERS[spec.verifier]() if spec.verifier in NAMED_VERIFIERS else spec.verifier
     tokenizer = AutoTokenizer.from_pretrained(source)
     return LoadedPair(name, verifier, drafter, tokenizer, verifier.dtype, decoding)

@@ -85,7 +85,6 @@ def test_subcommand_help_speaks_the_tables_words(capsys):
         for module in (
             "DrafterDistillation",
             "SliceDrafterTraining",
-            "ConditionedDrafterTraining",
             "DFlashDrafterTraining",
         ):
             assert module in flat

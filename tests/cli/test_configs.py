@@ -26,16 +26,8 @@ def _arch(spec: str) -> str:
 
 def _tiny_kwargs(kwargs: dict | None, vocab: int) -> dict:
     kwargs = dict(kwargs or {})
-    # checkpoint-only options, and a conditioned drafter's (the tiny stand-in is a diffusion drafter)
-    for key in (
-        "device_map",
-        "dtype",
-        "attn_implementation",
-        "family",
-        "head_vocab",
-        "cache_window",
-        "block",
-    ):
+    # checkpoint-only options, and a DFlash drafter's (the tiny stand-in is a diffusion drafter)
+    for key in ("device_map", "dtype", "attn_implementation", "family", "head_vocab"):
         kwargs.pop(key, None)
     kwargs["tiny"] = {"vocab_size": vocab, "hidden_size": 32, "num_layers": 1}
     return kwargs
@@ -55,7 +47,7 @@ def _shrink(config: dict) -> dict:
         init["verifier"] = f"tiny-{_arch(init.get('verifier', 'tiny-qwen2'))}"
         init["drafter"] = f"tiny-{_arch(init.get('drafter', 'tiny-qwen2') + init.get('verifier', ''))}"
         init["tokenizer"] = init["drafter_tokenizer"] = None
-    elif cls.endswith(("SliceDrafterTraining", "ConditionedDrafterTraining", "DFlashDrafterTraining")):
+    elif cls.endswith(("SliceDrafterTraining", "DFlashDrafterTraining")):
         init["verifier"] = "tiny-llama"  # cut from (or reading) a tiny verifier
         for key in ("init_from", "init_layers_from", "export_dir"):
             init.pop(key, None)

@@ -101,11 +101,11 @@ def test_the_smollm2_bench_config_runs_every_shipped_drafter(workdir):
     assert {
         "hf_assisted",
         "sps",
-        "specdiff2_fc_auto",
-        "specdiff2_fc_auto_store",
-        "specdiff2_fc_k1_lookup",
+        "specdiff2_dflash_auto",
+        "specdiff2_dflash_auto_store",
+        "specdiff2_dflash_k1_lookup",
         "specdiff2_k1_sliced",
     } <= set(rows)
-    assert rows["specdiff2_fc_auto"]["tree"] == "auto"
-    assert rows["specdiff2_fc_k1_lookup"]["tree"] and rows["specdiff2_fc_k1_lookup"]["lookup"]
+    assert rows["specdiff2_dflash_auto"]["tree"] == "auto"
+    assert rows["specdiff2_dflash_k1_lookup"]["tree"] and rows["specdiff2_dflash_k1_lookup"]["lookup"]
     assert all(r["identical_to_verifier"] for r in report["rows"])

@@ -93,7 +93,7 @@ def test_static_cache_verifier_equals_the_dynamic_one(capacity):
 
 def test_compiled_verifier_equals_the_eager_one(verifier32):
     """The compiled forward, float32: the eager dynamic-cache logits to float rounding, with the
-    features a conditioned drafter reads (all hidden states requested when compiled)."""
+    features a DFlash drafter reads (all hidden states requested when compiled)."""
     prompt = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(2))
     eager = TreeVerifier(verifier32, prompt, feature_layers=(1, 2))
     compiled = StaticTreeVerifier(verifier32, prompt, feature_layers=(1, 2))

@@ -70,11 +70,12 @@ def test_speculative_sampling_is_exact(verifier, drafter, acceptance, num_drafts
 
 
 @pytest.mark.parametrize("acceptance,num_drafts", [("standard", 1), ("recursive", 3)])
-def test_speculative_sampling_with_a_conditioned_drafter_is_exact(verifier, acceptance, num_drafts):
-    """A drafter fed the verifier's hidden states between rounds draws its drafts from q too."""
-    from specdiff_lightning.models.conditioned import ConditionedDrafter
+def test_speculative_sampling_with_a_dflash_drafter_is_exact(verifier, acceptance, num_drafts):
+    """A drafter fed the verifier's hidden states between rounds (DFlash, transformers' stock class)
+    draws its drafts from q too."""
+    from specdiff_lightning import DFlashDrafter
 
-    drafter = ConditionedDrafter.build(verifier, 1, (0, 1), mask_token_id=VOCAB - 1)
+    drafter = DFlashDrafter.build(verifier, 1, (0,), VOCAB - 1, LENGTH + 1, dtype=torch.float64)
     probs = exact_sequence_probs(verifier, PROMPT, LENGTH)
     counts = _speculative_counts(
         verifier, drafter, acceptance=acceptance, num_drafts=num_drafts, draft_temperature=0.8

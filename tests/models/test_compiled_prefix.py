@@ -1,29 +1,19 @@
-"""The conditioned drafter's static prefix cache (models/compiled_prefix.py): round by round the same
-logits as its dynamic cache, with and without a window, through catch-up rounds, the window's
-compaction and the cache's growth; compiled, the same logits to rounding, and decoding through it
-stays greedy-identical to the verifier; the same for a DFlash drafter's context cache."""
+"""A DFlash drafter's static context cache (models/compiled_prefix.py): round by round the same
+logits as its ``DFlashCache``, through single commits, catch-up rounds and the cache's growth;
+compiled, the same logits to rounding from one graph, and decoding through it stays greedy-identical
+to the verifier."""
 
-import pytest
 import torch
 
 from helpers import reference_greedy
 from specdiff_lightning import DFlashDrafter, speculative_generate
 from specdiff_lightning.models import tiny_model
-from specdiff_lightning.models.compiled_prefix import MAX_ROWS, StaticContextCache, StaticPrefixCache
-from specdiff_lightning.models.conditioned import ConditionedDrafter
+from specdiff_lightning.models.compiled_prefix import MAX_ROWS, StaticContextCache
 
 VOCAB = 48
-LAYERS = (1, 2)
 #: tokens committed before each round: single tokens, accepted runs, and catch-ups longer than one
 #: compiled call (the rounds a drafter sits out); ~700 positions, past the 512-slot cache
 COMMITS = [1, 3, 9, MAX_ROWS + 7, 2, 1, 5, 2 * MAX_ROWS + 3, 4] * 3 + [1] * 40
-
-
-def _drafter(dtype, window=None):
-    verifier = tiny_model("llama", vocab_size=VOCAB, num_layers=3, seed=0, dtype=dtype, max_positions=2048)
-    drafter = ConditionedDrafter.build(verifier, 1, LAYERS, mask_token_id=VOCAB - 1)
-    drafter.cache_window = window
-    return verifier, drafter
 
 
 def _walk(drafter, width: int, draft, seed: int, commits) -> list[torch.Tensor]:
@@ -40,59 +30,6 @@ def _walk(drafter, width: int, draft, seed: int, commits) -> list[torch.Tensor]:
             ids = torch.cat([ids, torch.randint(0, VOCAB - 1, (1, n), generator=gen)], dim=1)
             drafter.observe(torch.randn(n, width, generator=gen).to(dtype))
     return out
-
-
-def _rounds(drafter, static: StaticPrefixCache | None, gamma=4, seed=0, commits=COMMITS):
-    """The drafter's window logits over :data:`COMMITS`; ``static``: through that static cache."""
-    drafter.reset()
-    drafter.compiled = static is not None
-    drafter._cache = static
-    return _walk(
-        drafter,
-        drafter.fusion.proj.in_features,
-        lambda ids: drafter._cached_logits(ids, gamma),
-        seed,
-        commits,
-    )
-
-
-@pytest.mark.parametrize("window", [None, 3, 40])
-def test_static_rounds_equal_the_dynamic_cache(window):
-    """float64, eager: every round's logits equal the dynamic cache's (the window's compaction, the
-    cache's growth and the split catch-up calls included)."""
-    _, drafter = _drafter(torch.float64, window)
-    dynamic = _rounds(drafter, None)
-    static = StaticPrefixCache(drafter.model.get_decoder(), window, compile=False)
-    for expected, got in zip(dynamic, _rounds(drafter, static), strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
-    if window is not None:  # ~700 positions ran through the smallest cache: its slots moved, never grew
-        assert static.capacity == 512 and static._offset > 0
-    else:
-        assert static.capacity == 1024
-
-
-def test_compiled_rounds_equal_the_eager_ones_and_decode_greedy_identically():
-    """float32: the compiled static cache's logits equal the eager drafter's to rounding, and
-    ``speculative_generate(compile=True)`` with the drafter compiled is token for token the
-    verifier's own greedy decoding."""
-    from torch._dynamo.utils import counters
-
-    verifier, drafter = _drafter(torch.float32, window=40)
-    eager = _rounds(drafter, None)
-    decoder = drafter.model.get_decoder()
-    _rounds(drafter, StaticPrefixCache(decoder, 40), commits=[1, 2, 5])  # compiles, as warm_drafter
-    frames = dict(counters["frames"])
-    for expected, got in zip(eager, _rounds(drafter, StaticPrefixCache(decoder, 40)), strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
-    # the graph those rounds compiled served every later one (catch-ups split, the window compacted)
-    assert dict(counters["frames"]) == frames, "a round after the first few compiled a graph"
-    prompt = torch.randint(0, VOCAB - 1, (1, 12), generator=torch.Generator().manual_seed(3))
-    for tree in (None, "auto"):
-        out = speculative_generate(
-            verifier, drafter, prompt, max_new_tokens=40, gamma=4, temperature=0, tree=tree, compile=True
-        )
-        assert isinstance(drafter._cache, StaticPrefixCache)
-        assert torch.equal(out.sequences, reference_greedy(verifier, prompt, 40))
 
 
 def _dflash(dtype):

@@ -15,7 +15,6 @@ from specdiff_lightning import speculative_generate
 from specdiff_lightning.data.tokenization import encode_prompt
 from specdiff_lightning.models import (
     AutoregressiveDrafter,
-    ConditionedDrafter,
     DiffusionDrafter,
     load_drafter,
     load_tokenizer,
@@ -32,7 +31,6 @@ SHIPPED = {
     "drafter": DiffusionDrafter,
     "drafter_mdm": DiffusionDrafter,
     "ar_drafter": AutoregressiveDrafter,
-    "drafter_conditioned": ConditionedDrafter,
 }
 KNOWN = r"\(smollm2-135m-instruct, tiny-qwen2, tiny-llama\)"
 
@@ -93,17 +91,38 @@ def _diffusion_slice(verifier, path):
     return path
 
 
+def _ar_slice(verifier, path):
+    save_slice(slice_causal_lm(verifier, 1), path, {"kind": "autoregressive", "verifier": "tiny-llama"})
+    return path
+
+
 def test_a_slice_of_another_kind_names_its_loader(tmp_path):
     verifier = _verifier()
-    ConditionedDrafter.build(verifier, 1, (1,), mask_token_id=63).save(tmp_path / "c")
+    _ar_slice(verifier, tmp_path / "a")
     _diffusion_slice(verifier, tmp_path / "d")
     with pytest.raises(
-        ValueError, match=r"holds a 'conditioned' drafter, not a 'diffusion' one.*load_drafter"
+        ValueError, match=r"holds a 'autoregressive' drafter, not a 'diffusion' one.*load_drafter"
     ):
-        DiffusionDrafter.from_pretrained(tmp_path / "c", verifier=verifier)
+        DiffusionDrafter.from_pretrained(tmp_path / "a", verifier=verifier)
     with pytest.raises(ValueError, match=r"holds a 'diffusion' drafter, not a 'autoregressive' one"):
         load_drafter(str(tmp_path / "d"), verifier=verifier, kind="autoregressive")
     assert isinstance(AutoregressiveDrafter.from_pretrained("tiny-llama"), AutoregressiveDrafter)
+
+
+def test_a_retired_kind_names_what_replaces_it(tmp_path):
+    """Issue 18: the feature-conditioned slice drafter was retired for the DFlash family; a slice an
+    earlier version saved (or a config asking for the kind) says so and names the way forward."""
+    verifier = _verifier()
+    _diffusion_slice(verifier, tmp_path / "c")
+    info = json.loads((tmp_path / "c" / "slice.json").read_text())
+    (tmp_path / "c" / "slice.json").write_text(json.dumps({**info, "kind": "conditioned"}))
+    with pytest.raises(
+        ValueError,
+        match=r"holds a 'conditioned' drafter, which this version no longer loads.*DFlash.*drafter_dflash.yaml",
+    ):
+        load_drafter(str(tmp_path / "c"), verifier=verifier)
+    with pytest.raises(ValueError, match=r"kind='conditioned' is retired.*DFlashDrafter.from_pretrained"):
+        load_drafter("tiny-llama", kind="conditioned")
 
 
 def test_options_and_dtypes_that_do_not_apply_are_clear_errors(tmp_path):
@@ -115,8 +134,8 @@ def test_options_and_dtypes_that_do_not_apply_are_clear_errors(tmp_path):
         load_drafter(path, verifier=verifier, dtype="bfloat16")
     with pytest.raises(ValueError, match="drop family"):
         load_drafter(path, verifier=verifier, family="dream")
-    with pytest.raises(ValueError, match=r"not a conditioned drafter.*\['cache_window'\]"):
-        load_drafter("tiny-llama", cache_window=4)
+    with pytest.raises(ValueError, match=r"head_vocab applies to DFlash drafters.*tiny-llama is not one"):
+        load_drafter("tiny-llama", head_vocab=4)
     drafter = load_drafter(path, verifier=verifier, dtype="float64", steps=2, max_prefix_tokens=9)
     assert (drafter.mask_token_id, drafter.attention, drafter.steps, drafter.max_prefix_tokens) == (
         63,
@@ -124,9 +143,6 @@ def test_options_and_dtypes_that_do_not_apply_are_clear_errors(tmp_path):
         2,
         9,
     )
-    ConditionedDrafter.build(verifier, 1, (1,), mask_token_id=63).save(tmp_path / "c")
-    conditioned = load_drafter(str(tmp_path / "c"), verifier=verifier, head_vocab=8, cache_window=4)
-    assert (conditioned.head_vocab, conditioned.cache_window) == (8, 4)
 
 
 def test_missing_weights_and_a_slice_of_another_verifier_are_one_line_errors(tmp_path):
@@ -143,9 +159,6 @@ def test_missing_weights_and_a_slice_of_another_verifier_are_one_line_errors(tmp
     )
     with pytest.raises(ValueError, match=r"has 2 layers, this verifier 1; it was cut from 'tiny-llama'"):
         load_drafter(str(tmp_path / "deep"), verifier=_verifier(num_layers=1))
-    ConditionedDrafter.build(verifier, 1, (1, 2), mask_token_id=63).save(tmp_path / "c")
-    with pytest.raises(ValueError, match="does not fit this verifier"):  # its fusion as well as its layers
-        load_drafter(str(tmp_path / "c"), verifier=wider)
     (path / "slice.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="has a slice.json but no slice.safetensors"):
         load_drafter(str(path), verifier=verifier)

@@ -1,5 +1,6 @@
-"""DrafterDistillation with a drafter sliced from its verifier (what ``export`` writes, what ships in
-assets/smollm2): built around the module's own verifier, decoded by predict, refused by fit."""
+"""DrafterDistillation with a drafter built around its verifier (a slice ``export`` writes, a DFlash
+drafter; both ship in assets/smollm2): built around the module's own verifier, decoded by predict;
+fit refuses the DFlash one, which trains with its own module."""
 
 import lightning as L
 import pytest
@@ -8,9 +9,9 @@ import torch
 from helpers import reference_greedy, write_prompts
 from specdiff_lightning.data import PromptDataModule
 from specdiff_lightning.decoding.config import DecodingConfig
-from specdiff_lightning.models import ConditionedDrafter, DiffusionDrafter
+from specdiff_lightning.models import DFlashDrafter, DiffusionDrafter
 from specdiff_lightning.training import DrafterDistillation
-from specdiff_lightning.training.conditioned import ConditionedDrafterTraining
+from specdiff_lightning.training.dflash import DFlashDrafterTraining
 from specdiff_lightning.training.slice_drafter import SliceDrafterTraining
 
 TINY = "tiny-llama"  # default tiny sizes: the slice-training modules' verifier is the same model
@@ -20,9 +21,9 @@ TINY = "tiny-llama"  # default tiny sizes: the slice-training modules' verifier 
 def exports(tmp_path_factory):
     out = tmp_path_factory.mktemp("exports")
     SliceDrafterTraining(verifier=TINY, num_layers=1, gamma=4, mask_token_id=63).export(str(out / "sliced"))
-    ConditionedDrafterTraining(
-        verifier=TINY, num_layers=1, feature_layers=(1, 2), gamma=4, mask_token_id=63
-    ).export(str(out / "conditioned"))
+    DFlashDrafterTraining(
+        verifier=TINY, num_layers=1, target_layer_ids=(0, 1), block_size=5, mask_token_id=63
+    ).export(str(out / "dflash"))
     return out
 
 
@@ -39,16 +40,18 @@ def _module(drafter, **drafter_kwargs):
     )
 
 
-@pytest.mark.parametrize("kind", ["sliced", "conditioned"])
-def test_predict_decodes_with_a_slice_of_the_modules_verifier(exports, tmp_path, kind):
-    module = _module(exports / kind, **({"cache_window": 16} if kind == "conditioned" else {}))
-    assert type(module.drafter) is (ConditionedDrafter if kind == "conditioned" else DiffusionDrafter)
-    assert module.drafter.model.model.embed_tokens is module.verifier.model.embed_tokens
-    # Registered with the module: moved and cast with it (a conditioned drafter's fusion too).
+@pytest.mark.parametrize("kind", ["sliced", "dflash"])
+def test_predict_decodes_with_a_drafter_built_around_the_modules_verifier(exports, tmp_path, kind):
+    module = _module(exports / kind, **({"head_vocab": 32} if kind == "dflash" else {}))
+    assert type(module.drafter) is (DFlashDrafter if kind == "dflash" else DiffusionDrafter)
+    embeddings = module.verifier.get_input_embeddings()
+    if kind == "dflash":
+        assert module.drafter.embeddings is embeddings and module.drafter.head_vocab == 32
+    else:
+        assert module.drafter.model.model.embed_tokens is embeddings
+    # Registered with the module: moved and cast with it.
     module.to(torch.float64)
     assert {p.dtype for p in module.drafter_model.parameters()} == {torch.float64}
-    if kind == "conditioned":
-        assert module.drafter_fusion.proj.weight.dtype == torch.float64
     prompts = write_prompts(tmp_path, n=2)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -69,11 +72,11 @@ def test_predict_decodes_with_a_slice_of_the_modules_verifier(exports, tmp_path,
         assert row["completion"] == expected
 
 
-def test_fit_and_export_refuse_a_conditioned_drafter_clearly(exports, tmp_path):
-    module = _module(exports / "conditioned")
+def test_fit_and_export_refuse_a_dflash_drafter_clearly(exports, tmp_path):
+    module = _module(exports / "dflash")
     with pytest.raises(
         TypeError,
-        match=r"fit and validate of DrafterDistillation need a diffusion drafter.*ConditionedDrafter",
+        match=r"fit and validate of DrafterDistillation need a diffusion drafter.*DFlashDrafter.*DFlashDrafterTraining",
     ):
         module(torch.tensor([[1, 2, 3]]))
     with pytest.raises(TypeError, match="export of DrafterDistillation need a diffusion drafter"):

@@ -14,8 +14,8 @@ import statistics
 
 import torch
 
+from ..decoding.drafting import Drafter
 from ..decoding.timing import now
-from ..models.conditioned import ConditionedDrafter
 from ..models.diffusion import DiffusionDrafter
 
 __all__ = ["drafter_cost_curve", "plot_drafter_cost"]
@@ -23,7 +23,7 @@ __all__ = ["drafter_cost_curve", "plot_drafter_cost"]
 
 class _Context:
     """One context length's inputs, prepared once: token ids, the verifier's KV cache of all but
-    the last token, and stand-in verifier features for a conditioned drafter."""
+    the last token, and stand-in verifier features for a drafter that reads them (DFlash)."""
 
     def __init__(self, verifier, ids: torch.Tensor, feature_width: int | None, dtype) -> None:
         from transformers import DynamicCache
@@ -59,11 +59,10 @@ def _drafter_round(drafter: DiffusionDrafter, ctx: _Context, gamma: int, new: in
     return elapsed
 
 
-def _conditioned_round(
-    drafter: ConditionedDrafter, ctx: _Context, gamma: int, new: int, cached: bool
-) -> float:
-    """Seconds of a conditioned drafter's round: with its cache (the new tokens' features plus the
-    block), or without (the training forward: every context feature plus the block, one window)."""
+def _feature_round(drafter: Drafter, ctx: _Context, gamma: int, new: int, cached: bool) -> float:
+    """Seconds of a feature-reading drafter's round (DFlash): with its cache (the new tokens'
+    features plus the block), or without (the training forward: every context feature plus the
+    block, one window)."""
     ids, feats, device = ctx.ids, ctx.feats, ctx.ids.device
     if cached:
         drafter.reset()
@@ -94,7 +93,7 @@ def _with_prefix_cache(drafter: DiffusionDrafter, on: bool) -> DiffusionDrafter:
 @torch.no_grad()
 def drafter_cost_curve(
     verifier,
-    drafter: DiffusionDrafter | ConditionedDrafter,
+    drafter: Drafter,
     contexts: list[int] = (200, 400, 600, 800, 1000),
     gamma: int = 8,
     new_tokens: int = 3,
@@ -102,8 +101,9 @@ def drafter_cost_curve(
     seed: int = 0,
 ) -> list[dict]:
     """``[{context, verifier_step_ms, drafter_cached_ms, drafter_uncached_ms}]`` per context length,
-    plus ``drafter_cached_whole_ms`` for a conditioned drafter with a ``cache_window`` (the same
-    rounds keeping the whole context in the cache).
+    for a :class:`DiffusionDrafter` (its prefix cache on and off) or a drafter that reads the
+    verifier's features (:class:`~specdiff_lightning.DFlashDrafter`: its context cache, or the
+    training forward over the whole context).
 
     ``new_tokens``: tokens the cached drafter runs besides the mask block (a round's accepted tokens).
     Random token ids stand in for text: costs depend on lengths, not on which tokens. Each repeat
@@ -111,19 +111,14 @@ def drafter_cost_curve(
     measurement shifts every context alike rather than bending the curve; medians over the repeats.
     """
     timers = {"verifier_step_ms": functools.partial(_verifier_step, verifier)}
-    conditioned = isinstance(drafter, ConditionedDrafter)
+    reads_features = drafter.feature_layers is not None
     for name, use_cache in (("cached", True), ("uncached", False)):
         timers[f"drafter_{name}_ms"] = (
-            functools.partial(_conditioned_round, drafter, cached=use_cache)
-            if conditioned
+            functools.partial(_feature_round, drafter, cached=use_cache)
+            if reads_features
             else functools.partial(_drafter_round, _with_prefix_cache(drafter, use_cache))
         )
-    if conditioned and drafter.cache_window is not None:
-        # the same drafter keeping its whole context: what the window saves
-        whole = copy.copy(drafter)
-        whole.cache_window = None
-        timers["drafter_cached_whole_ms"] = functools.partial(_conditioned_round, whole, cached=True)
-    width = len(drafter.feature_layers) * int(verifier.config.hidden_size) if conditioned else None
+    width = len(drafter.feature_layers) * int(verifier.config.hidden_size) if reads_features else None
     dtype = next(drafter.model.parameters()).dtype
     gen = torch.Generator().manual_seed(seed)
     vocab = int(verifier.config.vocab_size)
@@ -152,15 +147,7 @@ def plot_drafter_cost(rows: list[dict], path) -> None:
     x = [r["context"] for r in rows]
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     ax.plot(x, [r["verifier_step_ms"] for r in rows], marker="o", label="verifier: one decoding step")
-    ax.plot(x, [r["drafter_cached_ms"] for r in rows], marker="s", label="drafter round, prefix cache")
-    if all("drafter_cached_whole_ms" in r for r in rows):
-        ax.plot(
-            x,
-            [r["drafter_cached_whole_ms"] for r in rows],
-            marker="s",
-            linestyle="--",
-            label="drafter round, prefix cache without its window",
-        )
+    ax.plot(x, [r["drafter_cached_ms"] for r in rows], marker="s", label="drafter round, with its cache")
     ax.plot(x, [r["drafter_uncached_ms"] for r in rows], marker="^", label="drafter round, no cache")
     ax.set_xlabel("context tokens")
     ax.set_ylabel("ms (median)")

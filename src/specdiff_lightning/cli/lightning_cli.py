@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from .. import training  # noqa: F401
 from ..data import sequences  # noqa: F401
 from ..trainer import SpecDiffTrainer
-from ..training import conditioned, dflash, slice_drafter  # noqa: F401
+from ..training import dflash, slice_drafter  # noqa: F401
 from .commands import find_command, lightning_subcommands
 from .errors import condense
 from .progress import StepBoundProgressBar

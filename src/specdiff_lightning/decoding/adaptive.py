@@ -34,7 +34,7 @@ class AdaptiveDrafter(DrafterWrapper):
     Needs a drafter whose proposals carry their marginal logits (diffusion drafters do).
 
     Args:
-        base: a diffusion drafter (:class:`~specdiff_lightning.DiffusionDrafter`, ``ConditionedDrafter``).
+        base: a diffusion drafter (:class:`~specdiff_lightning.DiffusionDrafter`, :class:`~specdiff_lightning.DFlashDrafter`).
         min_confidence: cut each draft after the last token where the drafter's probability of the
             prefix (the product of its marginals along the draft) is still at least this; 0: no cut.
         siblings: draft positions (0: the first token) where the marginal's best tokens other than the

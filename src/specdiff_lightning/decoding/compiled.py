@@ -444,8 +444,7 @@ def _warm_verifier(model: nn.Module, prompt_length: int) -> float:
 @torch.no_grad()
 def warm_drafter(model: nn.Module, drafter, prompt_length: int = 64) -> float:
     """Compile ``drafter``'s drafting graphs (a drafter with a compiled path:
-    :class:`~specdiff_lightning.models.ConditionedDrafter`, :class:`~specdiff_lightning.DFlashDrafter`)
-    by decoding a random prompt with it through ``model``, the verifier it drafts for: every round
+    :class:`~specdiff_lightning.DFlashDrafter`) by decoding a random prompt with it through ``model``, the verifier it drafts for: every round
     drafts, so its first rounds compile the one shape-dynamic graph. Seconds it took (the first time; a drafter is warmed once)."""
     from .generate import speculative_generate  # the loop imports this module
 
@@ -456,7 +455,7 @@ def warm_drafter(model: nn.Module, drafter, prompt_length: int = 64) -> float:
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, int(model.config.vocab_size), (1, prompt_length), generator=gen)
-    gamma = getattr(key, "block", None) or 8
+    gamma = 8
     speculative_generate(
         model,
         drafter,

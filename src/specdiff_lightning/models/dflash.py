@@ -1,8 +1,7 @@
 """A DFlash drafter (Chen et al., arXiv 2602.06036) over transformers' stock class.
 
-DFlash is a block-diffusion drafter conditioned on the verifier's hidden states, the design of
-:mod:`~specdiff_lightning.models.conditioned`; transformers ships it as ``MuseGlimmerAssistantModel``
-and z-lab publishes checkpoints of it. :class:`DFlashDrafter` runs that stock model in our loop.
+DFlash is a block-diffusion drafter conditioned on the verifier's hidden states; transformers ships
+it as ``MuseGlimmerAssistantModel`` and z-lab publishes checkpoints of it. :class:`DFlashDrafter` runs that stock model in our loop.
 
 One round, prefix ``x_0..x_{n-1}`` (``x_{n-1}`` pending in the verifier):
 

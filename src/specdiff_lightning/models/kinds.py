@@ -15,7 +15,6 @@ from torch import nn
 
 from ..decoding.drafting import Drafter
 from .autoregressive import AutoregressiveDrafter
-from .conditioned import CONDITIONED_KIND, ConditionedDrafter
 from .diffusion import DiffusionDrafter
 from .slicing import require_verifier, slice_info
 
@@ -25,7 +24,15 @@ __all__ = ["DRAFTER_KINDS", "DEFAULT_KIND", "slice_kind", "load_slice_drafter"]
 DRAFTER_KINDS: dict[str, type[Drafter]] = {
     "diffusion": DiffusionDrafter,
     "autoregressive": AutoregressiveDrafter,
-    CONDITIONED_KIND: ConditionedDrafter,
+}
+#: kinds earlier versions saved and this one no longer loads -> what replaces them
+RETIRED_KINDS = {
+    "conditioned": (
+        "the feature-conditioned slice drafter was retired for the DFlash family, which reads the same "
+        "verifier features in the format transformers, vLLM and SGLang load (issue 18; docs/drafters.md): "
+        "train one with `python -m specdiff_lightning fit --config configs/smollm2/drafter_dflash.yaml` "
+        "or load a published one with DFlashDrafter.from_pretrained(path, verifier=...)"
+    ),
 }
 #: the kind of a slice whose ``slice.json`` names none (the first slices were all diffusion ones)
 DEFAULT_KIND = "diffusion"
@@ -34,6 +41,10 @@ DEFAULT_KIND = "diffusion"
 def slice_kind(path: str | os.PathLike) -> str:
     """The kind of the slice saved at ``path`` (a key of :data:`DRAFTER_KINDS`)."""
     kind = slice_info(path).get("kind", DEFAULT_KIND)
+    if kind in RETIRED_KINDS:
+        raise ValueError(
+            f"{os.fspath(path)} holds a {kind!r} drafter, which this version no longer loads: {RETIRED_KINDS[kind]}"
+        )
     if kind not in DRAFTER_KINDS:
         raise ValueError(
             f"{os.fspath(path)} holds a drafter of kind {kind!r}, which this version cannot load "
@@ -63,8 +74,8 @@ def load_slice_drafter(
             when the slice holds another).
         dtype: None / ``"auto"``, or the verifier's dtype (a slice cannot have another: it shares
             the verifier's tensors).
-        options: the kind's ``from_slice`` options (e.g. ``head_vocab``, ``cache_window`` for
-            ``conditioned``; ``steps``, ``max_prefix_tokens``, ``attention`` for ``diffusion``).
+        options: the kind's ``from_slice`` options (e.g. ``steps``, ``max_prefix_tokens``,
+            ``attention`` for ``diffusion``).
     """
     require_verifier(path, verifier)
     found = slice_kind(path)

@@ -18,7 +18,7 @@ from ..decoding.drafting import Drafter
 from .dflash import DFLASH_KIND, DFlashDrafter
 from .dflash_format import dflash_layout
 from .diffusion import DiffusionDrafter
-from .kinds import DRAFTER_KINDS, load_slice_drafter
+from .kinds import DRAFTER_KINDS, RETIRED_KINDS, load_slice_drafter
 from .slicing import SLICE_FILE, is_slice
 from .specs import NAMED_VERIFIERS, TINY_PREFIX, resolve_pretrained
 from .tiny import tiny_model
@@ -149,17 +149,15 @@ def load_drafter(
     dtype: str | torch.dtype | None = "auto",
     tiny: dict | None = None,
     head_vocab: int | None = None,
-    block: int | None = None,
-    cache_window: int | None = None,
     **model_kwargs,
 ) -> Drafter:
     """Any drafter this project ships, saves or reads, from its spec.
 
     - a slice saved by this project (a directory with ``slice.json``: ``assets/smollm2/*``, what
       ``export`` writes for the slice-training modules): the class of its ``kind``
-      (:data:`DRAFTER_KINDS`: :class:`DiffusionDrafter`, :class:`AutoregressiveDrafter`,
-      :class:`ConditionedDrafter`), rebuilt around ``verifier``, which it needs (its embeddings are
-      the verifier's, shared: the drafter takes the verifier's dtype and device);
+      (:data:`DRAFTER_KINDS`: :class:`DiffusionDrafter`, :class:`AutoregressiveDrafter`), rebuilt
+      around ``verifier``, which it needs (its embeddings are the verifier's, shared: the drafter
+      takes the verifier's dtype and device);
     - a Hugging Face checkpoint (directory or hub id): a :class:`DiffusionDrafter`
       (:meth:`DiffusionDrafter.from_pretrained`: ``family``, ``mask_token_id``, ``shift_logits``),
       or with ``kind="autoregressive"`` an :class:`AutoregressiveDrafter` (named verifiers too);
@@ -170,31 +168,28 @@ def load_drafter(
 
     Args:
         kind: ``"auto"`` or the kind the caller needs (``"diffusion"``, ``"autoregressive"``,
-            ``"conditioned"``, ``"dflash"``); a checkpoint of another kind is a clear error.
+            ``"dflash"``); a checkpoint of another kind is a clear error.
         steps, max_prefix_tokens, mask_token_id, shift_logits: diffusion drafters' options.
-        head_vocab, block, cache_window: a conditioned drafter's decoding options
-            (:class:`~specdiff_lightning.models.conditioned.ConditionedDrafter`); ``head_vocab``
-            applies to a DFlash drafter too.
+        head_vocab: a DFlash drafter's head over ids ``[0, head_vocab)`` when decoding
+            (:class:`~specdiff_lightning.models.dflash.DFlashDrafter`).
         dtype: the model's dtype; a slice takes its verifier's (another one is an error).
         model_kwargs: ``from_pretrained`` kwargs of a checkpoint (``device_map``, ``revision``...);
             for a diffusion slice only ``attention`` / ``prefix_cache``.
     """
     dtype = resolve_dtype(dtype)
     spec = os.fspath(spec)
-    conditioned = {"head_vocab": head_vocab, "block": block, "cache_window": cache_window}
-    conditioned = {k: v for k, v in conditioned.items() if v is not None}
     diffusion = {"mask_token_id": mask_token_id, "shift_logits": shift_logits, "steps": steps}
     diffusion = {
         k: v for k, v in {**diffusion, "max_prefix_tokens": max_prefix_tokens}.items() if v is not None
     }
+    if kind in RETIRED_KINDS:
+        raise ValueError(f"kind={kind!r} is retired: {RETIRED_KINDS[kind]}")
     if kind not in ("auto", DFLASH_KIND, *DRAFTER_KINDS):
         raise ValueError(
             f"unknown drafter kind {kind!r}; choose 'auto' or one of {sorted([*DRAFTER_KINDS, DFLASH_KIND])}"
         )
     if kind in ("auto", DFLASH_KIND) and not spec.startswith(TINY_PREFIX) and dflash_layout(spec) is not None:
-        given = sorted(
-            {**diffusion, **{k: v for k, v in conditioned.items() if k != "head_vocab"}, **model_kwargs}
-        ) + (["family"] if family != "auto" else [])
+        given = sorted({**diffusion, **model_kwargs}) + (["family"] if family != "auto" else [])
         if given or tiny is not None:
             raise ValueError(
                 f"{spec} is a DFlash drafter, which names its own settings (config.json); drop {given or ['tiny']}"
@@ -213,11 +208,13 @@ def load_drafter(
             )
         if tiny is not None:
             raise ValueError(f"tiny= sizes a tiny preset; {spec} is a saved slice: drop tiny")
-        return load_slice_drafter(spec, verifier, kind, dtype, **diffusion, **conditioned, **model_kwargs)
-    if conditioned or kind == "conditioned":
+        # options a slice's kind does not take (head_vocab: DFlash's) are named there
+        dflash_only = {} if head_vocab is None else {"head_vocab": head_vocab}
+        return load_slice_drafter(spec, verifier, kind, dtype, **diffusion, **dflash_only, **model_kwargs)
+    if head_vocab is not None:
         raise ValueError(
-            f"{spec} is not a conditioned drafter (those are saved slices, a directory with {SLICE_FILE} "
-            f"of kind 'conditioned'); {sorted(conditioned) or 'kind=conditioned'} apply to those only"
+            f"head_vocab applies to DFlash drafters (a directory whose config.json is transformers' "
+            f"muse_glimmer_assistant or z-lab's DFlashDraftModel); {spec} is not one: drop head_vocab"
         )
     if kind == "autoregressive":
         if diffusion:

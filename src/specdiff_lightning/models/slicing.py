@@ -38,7 +38,6 @@ __all__ = [
 SLICE_FILE = "slice.json"
 SLICE_WEIGHTS = "slice.safetensors"
 _WEIGHTS = SLICE_WEIGHTS
-_EXTRA = "extra."
 
 
 def slice_causal_lm(verifier: nn.Module, num_layers: int) -> nn.Module:
@@ -95,11 +94,9 @@ def save_slice(
     path: str | os.PathLike,
     settings: dict,
     dtype: torch.dtype | None = None,
-    extra: nn.Module | None = None,
 ) -> Path:
     """Write the slice's own tensors (safetensors) and ``slice.json`` (its depth plus ``settings``,
-    e.g. the drafter's mask id and attention), atomically: a temporary directory renamed into place.
-    ``extra``: a module trained with the slice (e.g. a feature fusion), stored as ``extra.*``."""
+    e.g. the drafter's mask id and attention), atomically: a temporary directory renamed into place."""
     import shutil
     import tempfile
 
@@ -108,8 +105,6 @@ def save_slice(
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     own = dict(_own_state(model))
-    if extra is not None:
-        own.update({_EXTRA + k: v for k, v in extra.state_dict().items()})
     state = {k: (v.to(dtype) if dtype else v).detach().contiguous().cpu() for k, v in own.items()}
     info = {"num_layers": len(model.model.layers), **settings}
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
@@ -163,13 +158,9 @@ def require_verifier(path: str | os.PathLike, verifier) -> None:
         )
 
 
-def load_slice(
-    verifier: nn.Module, path: str | os.PathLike, extra: nn.Module | None = None
-) -> tuple[nn.Module, dict]:
+def load_slice(verifier: nn.Module, path: str | os.PathLike) -> tuple[nn.Module, dict]:
     """Rebuild a slice saved by :func:`save_slice` around ``verifier``'s embeddings; returns
-    ``(model, settings)``. The model takes the verifier's dtype and devices. ``extra``: the module
-    saved with it (``save_slice(extra=...)``), loaded in place (strictly), cast to the verifier's dtype
-    and moved to its input embeddings' device."""
+    ``(model, settings)``. The model takes the verifier's dtype and devices."""
     from safetensors.torch import load_file
 
     directory = Path(path)
@@ -186,20 +177,7 @@ def load_slice(
         )
     model = slice_causal_lm(verifier, int(info["num_layers"]))
     state = load_file(directory / _WEIGHTS)
-    extra_state = {k[len(_EXTRA) :]: state.pop(k) for k in list(state) if k.startswith(_EXTRA)}
-    if bool(extra_state) != (extra is not None):
-        raise ValueError(
-            f"{directory}: the slice {'carries' if extra_state else 'has no'} extra tensors "
-            f"(kind {info.get('kind')!r}); load it with the loader of its kind "
-            f"(e.g. ConditionedDrafter.from_slice for kind 'conditioned')"
-        )
     _check_shapes(directory, info, model.state_dict(), state)
-    if extra is not None:
-        _check_shapes(directory, info, extra.state_dict(), extra_state)
-        extra.load_state_dict(extra_state, strict=True)
-        # where the slice is: the verifier's input embeddings (dtype and device)
-        embeddings = verifier.get_input_embeddings().weight
-        extra.to(device=embeddings.device, dtype=next(verifier.parameters()).dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
     expected_missing = set(model.state_dict()) - set(_own_state(model))
     if unexpected or set(missing) - expected_missing:

@@ -1,7 +1,7 @@
 """Training a DFlash drafter (``models/dflash.py``, transformers' stock ``MuseGlimmerAssistantModel``)
 against a frozen verifier: masked cross-entropy on blocks at random anchors, as DFlash trains, or
-streak-distillation (METHOD.md §5); the verifier's reading and the objectives are shared with the
-conditioned family (``training/features.py``). The export is a transformers-layout DFlash checkpoint
+streak-distillation (METHOD.md §5); the verifier's reading and the objectives live in
+``training/features.py``. The export is a transformers-layout DFlash checkpoint
 (``export --layout zlab`` rewrites it in z-lab's layout for vLLM / SGLang).
 """
 

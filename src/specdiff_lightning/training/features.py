@@ -1,5 +1,5 @@
-"""What training a drafter that reads the verifier's hidden states shares (the conditioned and the
-DFlash families): the frozen verifier reads each sequence (prompt ⊕ its own continuation) once and
+"""What training a drafter that reads the verifier's hidden states needs (the DFlash family,
+``training/dflash.py``): the frozen verifier reads each sequence (prompt ⊕ its own continuation) once and
 yields its features; the drafter learns many blocks per sequence in one forward
 (``drafter.blocks_logits``), each with exactly the visibility of a decoding round. Objectives are
 the shared window losses (``masked_ce``: cross-entropy at every slot, as DFlash trains; ``streak``:

@@ -31,8 +31,8 @@ class DrafterDistillation(L.LightningModule):
     """Align a diffusion drafter to a frozen verifier (METHOD.md §5).
 
     Predict, bench and eval-budget decode with any drafter :func:`~specdiff_lightning.models.loading.load_drafter`
-    loads (a slice of the verifier such as ``assets/smollm2/drafter_conditioned`` included: it is
-    built around this module's verifier); ``fit`` and ``validate`` train diffusion drafters only.
+    loads (a slice of the verifier such as ``assets/smollm2/drafter`` included: it is built
+    around this module's verifier; a DFlash drafter such as ``assets/smollm2/drafter_dflash`` too); ``fit`` and ``validate`` train diffusion drafters only.
 
     Args:
         verifier: a verifier spec: a named verifier (``"smollm2-135m-instruct"``), a directory, a hub
@@ -43,7 +43,7 @@ class DrafterDistillation(L.LightningModule):
             ``device_map``, ``tiny`` sizes...).
         drafter_kwargs: for :func:`~specdiff_lightning.models.loading.load_drafter` (``family``,
             ``mask_token_id``, ``shift_logits``, ``max_prefix_tokens``, ``dtype``, ``tiny``; for a
-            conditioned drafter ``head_vocab``, ``cache_window``, ``block``...).
+            DFlash drafter ``head_vocab``).
         loss: a name in :data:`~specdiff_lightning.training.losses.LOSSES`: ``streak`` (default),
             ``expected_streak``, ``ar_distillation``, ``tv``, ``forward_kl``, ``masked_ce``, or one
             you registered there.
@@ -119,10 +119,6 @@ class DrafterDistillation(L.LightningModule):
             self.drafter.model = get_peft_model(self.drafter.model, LoraConfig(**lora))
         # Registered so Lightning moves it and the optimizer sees it; the verifier stays frozen.
         self.drafter_model = self.drafter.model
-        fusion = getattr(self.drafter, "fusion", None)
-        if fusion is not None:
-            # a conditioned drafter's projection of the verifier's features: moved with the rest
-            self.drafter_fusion = fusion
         self.strict_loading = False
         self.val_streak = StreakLength()
         self.val_positional = PositionalAcceptance(gamma)
@@ -181,7 +177,7 @@ class DrafterDistillation(L.LightningModule):
             raise TypeError(
                 f"{what} of DrafterDistillation need a diffusion drafter; {self.hparams.drafter} is a "
                 f"{type(self.drafter).__name__}, which decodes here (predict, bench, eval-budget) but trains "
-                f"with its own module (configs/smollm2/*.yaml: SliceDrafterTraining, ConditionedDrafterTraining)"
+                f"with its own module (configs/smollm2/*.yaml: SliceDrafterTraining, DFlashDrafterTraining)"
             )
 
     # ------------------------------------------------------------------ steps
