@@ -48,8 +48,8 @@ _MIN_CONTEXT = 2
 class StaticContextCache:
     """One sequence's context cache for a DFlash drafter (:class:`~.dflash.DFlashDrafter`).
 
-    DFlash's queries are the block only, and the committed tokens' features enter as keys and values (every layer projects them with the
-    block), which ``DFlashCache`` keeps. Here the stock model's forward writes them into a
+    DFlash's queries are the block only, and the committed tokens' features enter as keys and
+    values (every layer projects them with the block), which ``DFlashCache`` keeps. Here the stock model's forward writes them into a
     ``StaticCache`` at the committed slots, the block's keys after them (overwritten next call); the
     block sees every committed slot and itself, as the dynamic cache's bidirectional mask says.
 
@@ -101,17 +101,17 @@ class StaticContextCache:
         if resent:
             tail = self._tail[:, self._tail.shape[1] - resent :]
             context = tail if context is None else torch.cat([tail, context], dim=1)
-        gamma = block.shape[1]
-        if self.past + num_new + gamma > self.capacity:
-            self._grow(self.past + num_new + gamma)
-        cached = self.past
+        # slots are positions (the cache is never compacted): the call writes from past - resent on
+        end = self.past + num_new + block.shape[1]
+        if end > self.capacity:
+            self._grow(end)
         device = block.device
-        allowed = torch.zeros(1, gamma, self.capacity, dtype=torch.bool, device=device)
-        allowed[..., : cached + num_new + gamma] = True
+        allowed = torch.zeros(1, block.shape[1], self.capacity, dtype=torch.bool, device=device)
+        allowed[..., :end] = True
         mask = to_model_mask(allowed, self.decoder, self.dtype)
         for layer in self.cache.layers:
-            layer.cumulative_length.fill_(cached - resent)
-        positions = torch.arange(self.past - resent, self.past + num_new + gamma, device=device)
+            layer.cumulative_length.fill_(self.past - resent)
+        positions = torch.arange(self.past - resent, end, device=device)
         inputs = dict(
             noise_embeds=block,
             context_hidden_states=context if context is not None else block.new_zeros(1, 0, self._width),
