@@ -98,6 +98,36 @@ def test_a_repeated_settings_row_is_refused_naming_the_fix():
         run_bench(model.verifier, model.drafter, [{"id": "a", "prompt_ids": [1, 2]}], model.decoding, rows)
 
 
+def test_repeats_past_the_first_run_only_where_the_measured_time_fits(tmp_path):
+    """``budget_s``: the first repeat always runs; a later one only where its rows' measured first
+    repeat fits what is left. Each row reports the repeats it got, the report and bench.md the cut."""
+    from specdiff_lightning.bench.methods import BenchMethod
+
+    model = tiny_distillation()
+    prompts = [{"id": "a", "prompt_ids": [1, 2, 3]}, {"id": "b", "prompt_ids": [4, 5]}]
+    rows = [BenchMethod("verifier", "verifier", key="v"), BenchMethod("HF generate", "hf", key="hf")]
+
+    def bench(budget_s):
+        return run_bench(
+            model.verifier,
+            model.drafter,
+            prompts,
+            model.decoding,
+            rows,
+            repeats=3,
+            progress=False,
+            budget_s=budget_s,
+        )
+
+    free = bench(None)
+    assert [r["repeats"] for r in free["rows"]] == [3, 3] and free["repeats_cut"] is None
+    tight = bench(0.0)
+    assert [r["repeats"] for r in tight["rows"]] == [1, 1]
+    assert tight["repeats_cut"]["after_repeat"] == 1 and tight["repeats_cut"]["needed_s"] > 0
+    text = (write_report(tight, tmp_path / "bench") / "bench.md").read_text()
+    assert "Repeats stopped after repeat 1" in text and "x1 |" in text
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("gemm", ["stock", "autotune"])
 def test_the_compiled_peer_runs_on_its_own_copy_and_matches_generate(gemm):

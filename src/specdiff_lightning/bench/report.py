@@ -32,7 +32,8 @@ def markdown_table(report: dict) -> str:
         "",
         f"verifier {report.get('verifier') or '?'}, benchmark {report.get('benchmark') or 'custom prompts'}: "
         f"{report['num_prompts']} prompts, max_new_tokens={d['max_new_tokens']}, temperature={d['temperature']}, "
-        f"gamma={d['gamma']}; every method timed {report.get('repeats', 1)}x per prompt, interleaved, after "
+        f"gamma={d['gamma']}; each method timed up to {report.get('repeats', 1)}x per prompt (its own count: "
+        f"the xN after its spread), interleaved, after "
         f"{report['warmup']} warm-up prompt(s); machine: {mach['platform']}, {mach['cpu_count']} CPUs, "
         f"torch {mach['torch']} on {mach.get('torch_threads', '?')} threads, device {mach['cuda'] or 'cpu'}.",
         "",
@@ -40,13 +41,20 @@ def markdown_table(report: dict) -> str:
         "| tokens/call | identical | pass@1 | loop overhead |",
         "|---|---|---|---:|---:|---:|---:|---:|:-:|---:|---:|",
     ]
+    cut = report.get("repeats_cut")
+    if cut:
+        lines[4:4] = [
+            f"Repeats stopped after repeat {cut['after_repeat']}: the next needed {cut['needed_s']:.0f} s "
+            f"(its rows' first repeat) and did not fit the bench's {cut['budget_s']:.0f} s.",
+            "",
+        ]
     for r in report["rows"]:
         rate = r.get("identical_rate")
         same = "–" if rate is None else ("yes" if rate == 1 else f"**{rate:.0%}**")
         lo, hi = r.get("tokens_per_s_spread", [r["tokens_per_s"]] * 2)
         overhead = r.get("profile", {}).get("overhead")
         lines.append(
-            f"| {r['method']} | {r.get('role', '–')} | {r.get('dtype', '–')} | {r['tokens_per_s']:.1f} [{lo:.1f}–{hi:.1f}] "
+            f"| {r['method']} | {r.get('role', '–')} | {r.get('dtype', '–')} | {r['tokens_per_s']:.1f} [{lo:.1f}–{hi:.1f}] x{r.get('repeats', 1)} "
             f"| {_fmt(r['speedup'])}x | {_fmt(r.get('speedup_vs_verifier'))}x | {_fmt(r.get('mean_accepted'))} "
             f"| {_fmt(r.get('tokens_per_call'))} | {same} | {_fmt(r.get('pass_at_1'), '.2f')} "
             f"| {_fmt(overhead * 100 if overhead is not None else None, '.1f')}{'%' if overhead is not None else ''} |"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -79,6 +80,7 @@ def run_bench(
     score: Callable[[dict, list[int]], bool] | None = None,
     verifier_name: str | None = None,
     benchmark: str | None = None,
+    budget_s: float | None = None,
 ) -> dict:
     """Decode ``prompts`` (``[{"id", "prompt_ids"}]``) with every method; returns the report dict
     (``bench.json``'s content, see ``bench.report``).
@@ -92,7 +94,11 @@ def run_bench(
         profile: split our loops' rounds into draft / tree / verify / accept / cache.
         score: ``score(prompt_row, new_tokens) -> passed`` (e.g. HumanEval execution); rows then
             report ``pass_at_1``.
+        budget_s: seconds this call may take. The first repeat always runs; each later one starts
+            only if its rows, at their own first repeat's measured seconds, fit in what is left
+            (else no row gets it: each row reports the repeats it got, the report the cut).
     """
+    start = time.perf_counter()
     if models is None:
         drafters = {"main": drafter, **(extra_drafters or {})}
         if ar_drafter is not None:
@@ -141,8 +147,14 @@ def run_bench(
     reps = {m.key: m.repeats or repeats for m in methods}
     total = sum(reps.values()) * len(prompts)
     bar = tqdm(total=total, desc="bench", unit="decode", disable=not progress)
+    cut = None
     for rep in range(max(reps.values(), default=0)):
         active = [m for m in methods if reps[m.key] > rep]
+        if rep and budget_s is not None:
+            need = sum(samples[m.key][p["id"]][0].seconds for m in active for p in prompts)
+            if time.perf_counter() - start + need > budget_s:
+                cut = {"after_repeat": rep, "budget_s": budget_s, "needed_s": need}
+                break
         for i, p in enumerate(prompts):
             shift = (rep + i) % len(active)
             for m in active[shift:] + active[:shift]:
@@ -198,6 +210,7 @@ def run_bench(
         "decoding": asdict(cfg),
         "num_prompts": len(prompts),
         "repeats": repeats,
+        "repeats_cut": cut,
         "warmup": warmup,
         "dtypes": list(models),
         "rows": rows,
