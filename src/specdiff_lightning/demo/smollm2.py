@@ -292,7 +292,7 @@ def smollm2_methods(p: SmolPreset, fast: str = "bfloat16", assets: Path = ASSETS
     if p.only is not None:
         rows = [r for r in rows if r.key in p.only]
     if not p.compiled:
-        rows = [r for r in rows if r.kind != "hf_compiled" and not r.decoding.get("compile")]
+        rows = [r for r in rows if not _compiled(r)]
     return rows
 
 

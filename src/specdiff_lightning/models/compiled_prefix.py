@@ -49,9 +49,10 @@ class StaticContextCache:
     """One sequence's context cache for a DFlash drafter (:class:`~.dflash.DFlashDrafter`).
 
     DFlash's queries are the block only, and the committed tokens' features enter as keys and
-    values (every layer projects them with the block), which ``DFlashCache`` keeps. Here the stock model's forward writes them into a
-    ``StaticCache`` at the committed slots, the block's keys after them (overwritten next call); the
-    block sees every committed slot and itself, as the dynamic cache's bidirectional mask says.
+    values (every layer projects them with the block), which ``DFlashCache`` keeps. Here the stock
+    model's forward writes them into a ``StaticCache`` at the committed slots, the block's keys
+    after them (overwritten next call); the block sees every committed slot and itself, as the
+    dynamic cache's bidirectional mask says.
 
     A round that commits fewer than :data:`_MIN_CONTEXT` tokens re-sends the last committed
     features: their keys are written again at their own slots and positions (the same values), so one
