@@ -104,6 +104,8 @@ class SpecDiffTrainer(L.Trainer):
         sweep_steps: list[int] | None = None,
         settings: list[dict] | None = None,
         warmup: int = 1,
+        repeats: int = 3,
+        budget_s: float | None = None,
         profile: bool = False,
         ar_drafter: str | None = None,
         ar_drafter_kwargs: dict | None = None,
@@ -119,6 +121,11 @@ class SpecDiffTrainer(L.Trainer):
             sweep_num_drafts, sweep_draft_temperature, sweep_gamma, sweep_steps: ablation sweeps of
                 SpecDiff-2 (greedy acceptance) over K, T, gamma and denoising steps.
             warmup: prompts decoded once, untimed, before each method.
+            repeats: timed decodes of every (method, prompt), interleaved across methods; rows
+                report the median repeat and the spread.
+            budget_s: seconds the decoding may take: the first repeat always runs, each later one
+                only if every row's first-repeat time fits in what is left (bench.md says where
+                repeats stopped). None: every repeat runs.
             settings: explicit SpecDiff-2 rows, each a dict of decoding overrides
                 (e.g. ``[{num_drafts: 2, gamma: 3}]``, or with a draft-tree shape
                 ``[{tree: {min_confidence: 0.1, siblings: [0]}, lookup: true}]``). Rows shape their
@@ -189,6 +196,8 @@ class SpecDiffTrainer(L.Trainer):
             ar_drafter=ar,
             extra_drafters=extras,
             warmup=warmup,
+            repeats=repeats,
+            budget_s=budget_s,
             profile=profile,
             progress=self.progress_bar_callback is not None,
         )

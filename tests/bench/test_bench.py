@@ -128,6 +128,18 @@ def test_repeats_past_the_first_run_only_where_the_measured_time_fits(tmp_path):
     assert "Repeats stopped after repeat 1" in text and "x1 |" in text
 
 
+@pytest.mark.parametrize("bad", [dict(repeats=0), dict(repeats=1.5), dict(warmup=-1)])
+def test_repeats_and_warmup_out_of_range_are_refused(bad):
+    from specdiff_lightning.bench.methods import BenchMethod
+
+    model = tiny_distillation()
+    rows = [BenchMethod("verifier", "verifier", key="v")]
+    with pytest.raises(ValueError, match="repeats >= 1 and warmup >= 0"):
+        run_bench(
+            model.verifier, model.drafter, [{"id": "a", "prompt_ids": [1, 2]}], model.decoding, rows, **bad
+        )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("gemm", ["stock", "autotune"])
 def test_the_compiled_peer_runs_on_its_own_copy_and_matches_generate(gemm):

@@ -199,12 +199,17 @@ def test_bench_with_one_draft(tmp_path, monkeypatch):
         "[]",
         "--sweep_steps",
         "[]",
+        "--repeats",
+        "2",
+        "--budget_s",
+        "600",
         "--output_dir",
         str(out),
         *QUIET,
     ]
     assert main(args) == 0
     report = json.loads((out / "bench.json").read_text())
+    assert report["repeats"] == 2 and {r["repeats"] for r in report["rows"]} == {2}
     keys = [r["key"] for r in report["rows"]]
     assert len(keys) == len(set(keys)) and "specdiff2_k1" in keys
     assert all(r["identical_to_verifier"] for r in report["rows"])

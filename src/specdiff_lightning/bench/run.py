@@ -99,6 +99,11 @@ def run_bench(
             (else no row gets it: each row reports the repeats it got, the report the cut).
     """
     start = time.perf_counter()
+    if int(repeats) != repeats or repeats < 1 or int(warmup) != warmup or warmup < 0:
+        raise ValueError(
+            f"bench takes repeats >= 1 and warmup >= 0 (whole numbers), got repeats={repeats}, "
+            f"warmup={warmup}; to keep a run short, lower repeats or set budget_s"
+        )
     if models is None:
         drafters = {"main": drafter, **(extra_drafters or {})}
         if ar_drafter is not None:
