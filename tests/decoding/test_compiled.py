@@ -178,6 +178,32 @@ def test_warmed_verifier_never_compiles_while_decoding(verifier32):
     assert dict(counters["frames"]) == frames, "a decode after warm_compiled compiled a graph"
 
 
+def test_a_longer_cache_reuses_the_warmed_graphs(verifier32, monkeypatch):
+    """The static cache's length is a dynamic dimension of the warmed graphs: a prompt whose cache
+    needs more than :data:`MIN_CAPACITY` slots (and a decode that grows it) compiles nothing, and
+    stays greedy-identical. Before, the first such prompt compiled every graph again mid-decode (10 s
+    on SmolLM2, 2-core Xeon)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(verifier32.config, "max_position_embeddings", 2048)  # RoPE: any position
+    drafter = NoisyOracleDrafter(verifier32, noise=0.2, seed=1)
+    prompt = torch.randint(0, VOCAB - 1, (1, MIN_CAPACITY + 40), generator=torch.Generator().manual_seed(5))
+    ref = reference_greedy(verifier32, prompt, 20, eos_token_id=verifier32.generation_config.eos_token_id)
+    frames = dict(counters["frames"])
+    out = speculative_generate(
+        verifier32, drafter, prompt, max_new_tokens=20, gamma=4, temperature=0, tree=None, compile=True
+    )
+    with torch.no_grad():
+        state = StaticTreeVerifier(verifier32, prompt[:, : MIN_CAPACITY - 3], capacity=1)
+        for _ in range(3):  # past the 512 slots: the cache grows to 1024 between two rounds
+            tree = build_tree(state.pending, torch.randint(0, VOCAB, (1, 3)))
+            state.score(tree)
+            state.commit(tree, torch.arange(4), next_token=1)
+    assert dict(counters["frames"]) == frames, "a longer cache compiled a graph"
+    assert out.sequences.tolist() == ref.tolist()
+    assert state._capacity == 2 * MIN_CAPACITY
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_compiled_decoding_is_greedy_identical(verifier32, seed):
     """float32 through the compiled forward: token for token the verifier's own generate(), with

@@ -73,6 +73,7 @@ __all__ = [
     "warm_drafter",
     "use_machine_inductor_cache",
     "cache_capacity",
+    "mark_capacity_dynamic",
     "inductor_options",
     "inductor_config",
     "MIN_CAPACITY",
@@ -357,6 +358,7 @@ class StaticTreeVerifier(TreeVerifier):
         )
         if self.compile:
             mark_dynamic(inputs, _NODE_DIMS)
+            mark_capacity_dynamic(inputs["attention_mask"], self.cache)
         out = self._forward(**inputs, cache=self.cache, use_cache=True, **self._feature_kwargs())
         self._length = past + n
         if width > n:
@@ -402,6 +404,16 @@ def mark_dynamic(inputs: dict, dims: dict[str, int], span: tuple[int, int] = _NO
         return
     for name, dim in dims.items():
         torch._dynamo.maybe_mark_dynamic(inputs[name], dim)
+
+
+def mark_capacity_dynamic(mask: torch.Tensor, cache) -> None:
+    """Tell dynamo that the static cache's length varies (the mask's last dimension, the cached
+    keys' and values' sequence dimension), so the first graph serves every capacity."""
+    torch._dynamo.maybe_mark_dynamic(mask, mask.dim() - 1)
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", True):
+            torch._dynamo.maybe_mark_dynamic(layer.keys, 2)
+            torch._dynamo.maybe_mark_dynamic(layer.values, 2)
 
 
 #: the node dimension of a tree forward's inputs

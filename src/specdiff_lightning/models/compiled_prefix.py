@@ -30,6 +30,7 @@ from ..decoding.compiled import (
     compiled_forward,
     copy_positions,
     inductor_options,
+    mark_capacity_dynamic,
     mark_dynamic,
 )
 from ..decoding.kernels import choose_compiled_kernels
@@ -122,6 +123,7 @@ class StaticContextCache:
             mark_dynamic(
                 inputs, {"context_hidden_states": 1, "position_ids": 1}, span=(_MIN_CONTEXT, MAX_ROWS)
             )
+            mark_capacity_dynamic(mask, self.cache)
         hidden = self._forward(
             **inputs,
             attention_mask={"full_attention": mask, "sliding_attention": mask},
