@@ -16,7 +16,7 @@ from helpers import NoisyOracleDrafter, reference_greedy
 from specdiff_lightning import DiffusionDrafter, speculative_generate, verifier_generate
 from specdiff_lightning.decoding import TreeVerifier, build_tree
 from specdiff_lightning.decoding.compiled import (
-    MIN_CAPACITY,
+    CAPACITY_STEP,
     StaticTreeVerifier,
     cache_capacity,
     compiled_forward,
@@ -78,7 +78,7 @@ def _assert_compiled_decodes_are_greedy_identical(model, prompt, seed: int) -> N
     assert plain.sequences.tolist() == ref.tolist()
 
 
-@pytest.mark.parametrize("capacity", [MIN_CAPACITY, 12])
+@pytest.mark.parametrize("capacity", [512, 12])
 def test_static_cache_verifier_equals_the_dynamic_one(capacity):
     """Eager over the static cache, float64: the same logits and features as TreeVerifier for every
     round, through non-contiguous commits; a capacity of 12 forces the cache to grow mid-decode."""
@@ -88,7 +88,7 @@ def test_static_cache_verifier_equals_the_dynamic_one(capacity):
     static = StaticTreeVerifier(model, prompt, feature_layers=(0, 2), capacity=capacity, compile=False)
     torch.testing.assert_close(static.new_features, dynamic.new_features, atol=1e-12, rtol=1e-12)
     _assert_same_rounds(dynamic, static, seed=1, tol=1e-10)
-    assert capacity >= MIN_CAPACITY or static._capacity >= static.past_length
+    assert static._capacity >= max(capacity, static.past_length)
 
 
 def test_compiled_verifier_equals_the_eager_one(verifier32):
@@ -180,28 +180,29 @@ def test_warmed_verifier_never_compiles_while_decoding(verifier32):
 
 def test_a_longer_cache_reuses_the_warmed_graphs(verifier32, monkeypatch):
     """The static cache's length is a dynamic dimension of the warmed graphs: a prompt whose cache
-    needs more than :data:`MIN_CAPACITY` slots (and a decode that grows it) compiles nothing, and
-    stays greedy-identical. Before, the first such prompt compiled every graph again mid-decode (10 s
-    on SmolLM2, 2-core Xeon)."""
+    is longer than any warmed one (and a decode that grows its cache) compiles nothing, and stays
+    greedy-identical. Before, each graph was specialised to 512 slots and the first prompt that
+    needed more compiled every graph again mid-decode (10 s on SmolLM2, 2-core Xeon)."""
     from torch._dynamo.utils import counters
 
     monkeypatch.setattr(verifier32.config, "max_position_embeddings", 2048)  # RoPE: any position
     drafter = NoisyOracleDrafter(verifier32, noise=0.2, seed=1)
-    prompt = torch.randint(0, VOCAB - 1, (1, MIN_CAPACITY + 40), generator=torch.Generator().manual_seed(5))
+    prompt = torch.randint(0, VOCAB - 1, (1, 600), generator=torch.Generator().manual_seed(5))
     ref = reference_greedy(verifier32, prompt, 20, eos_token_id=verifier32.generation_config.eos_token_id)
     frames = dict(counters["frames"])
     out = speculative_generate(
         verifier32, drafter, prompt, max_new_tokens=20, gamma=4, temperature=0, tree=None, compile=True
     )
     with torch.no_grad():
-        state = StaticTreeVerifier(verifier32, prompt[:, : MIN_CAPACITY - 3], capacity=1)
-        for _ in range(3):  # past the 512 slots: the cache grows to 1024 between two rounds
+        state = StaticTreeVerifier(verifier32, prompt[:, :509], capacity=1)
+        assert state._capacity == 512
+        for _ in range(3):  # the cache grows between two rounds
             tree = build_tree(state.pending, torch.randint(0, VOCAB, (1, 3)))
             state.score(tree)
             state.commit(tree, torch.arange(4), next_token=1)
     assert dict(counters["frames"]) == frames, "a longer cache compiled a graph"
     assert out.sequences.tolist() == ref.tolist()
-    assert state._capacity == 2 * MIN_CAPACITY
+    assert state._capacity == 512 + CAPACITY_STEP
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -306,10 +307,11 @@ def test_compiled_cost_model_is_its_own(verifier32, tmp_path):
     assert cost_model_for(verifier32, directory=tmp_path, compiled=True) is compiled
 
 
-def test_cache_capacity_takes_few_lengths():
-    assert cache_capacity(1) == MIN_CAPACITY == cache_capacity(MIN_CAPACITY)
-    assert cache_capacity(MIN_CAPACITY + 1) == 2 * MIN_CAPACITY
-    assert cache_capacity(5000) == 8192
+def test_cache_capacity_rounds_up_to_its_step():
+    """Static caches are sized to what they hold, rounded up to a step (every slot costs attention)."""
+    assert cache_capacity(1) == CAPACITY_STEP == cache_capacity(CAPACITY_STEP)
+    assert cache_capacity(CAPACITY_STEP + 1) == 2 * CAPACITY_STEP
+    assert 5000 <= cache_capacity(5000) < 5000 + CAPACITY_STEP
 
 
 def test_compiled_forward_is_memoised_per_model(verifier32):

@@ -59,8 +59,8 @@ __all__ = [
 
 DEFAULT_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_CONTEXTS = (64, 512)
-#: a compiled forward's contexts: they and the largest tree fit the smallest static cache
-#: (:data:`~.compiled.MIN_CAPACITY`), the one typical decodes use, so calibrating compiles no other
+#: a compiled forward's contexts (each in a static cache that holds it and the largest tree, as a
+#: decode's does; the cache's length is a dynamic dimension of the graph, so none compiles another)
 COMPILED_CONTEXTS = (64, 384)
 #: CPU flags that decide which kernels torch runs (bf16 matrix units or emulation)
 _FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni")

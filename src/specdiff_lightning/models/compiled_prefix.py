@@ -9,8 +9,8 @@ costs ~4.5 ms (measured with ``decoding/compiled.py``'s plan: inductor's GEMMs, 
   them; their keys carry their RoPE positions, and the block sees every committed slot and itself,
   as the dynamic ``DFlashCache``'s bidirectional mask says;
 - the block's keys are never kept: the next round writes over them (the dynamic cache crops them);
-- the cache grows to the next power of two when a call would not fit, as the verifier's static
-  cache does (one recompile per size);
+- the cache is sized for what it holds plus :data:`_SLACK`, and grows (a copy) when a call would
+  not fit; its length is a dynamic dimension of the compiled graph (no recompile per size);
 - a call of more than :data:`MAX_ROWS` committed rows (the catch-up after rounds the drafter sat
   out) runs as several, the earlier rows first: one shape-dynamic graph serves them all.
 
@@ -41,6 +41,10 @@ __all__ = ["StaticContextCache", "MAX_ROWS"]
 #: (grouped SDPA up to this many queries, decoding/attention.py)
 MAX_ROWS = MAX_GROUPED_QUERIES_COMPILED
 
+#: positions a context cache holds beyond what it needs when it is made or grows: a grow copies the
+#: cache (3 small layers for SmolLM2's drafter: well under a millisecond), while every slot costs
+#: attention in every round (the block attends over the whole cache)
+_SLACK = 128
 #: context rows every compiled DFlash call carries at least (earlier rows re-sent): dynamo gives a
 #: dimension of size 1 a graph of its own, so a round that commits one token would compile another
 _MIN_CONTEXT = 2
@@ -136,8 +140,7 @@ class StaticContextCache:
 
     def _first(self, context: torch.Tensor | None, block: torch.Tensor) -> torch.Tensor:
         """The first call (the prompt's features, any number), eager over a ``DFlashCache``; the
-        static cache then takes its committed keys (sized for them, so its size, and so the compiled
-        graph, does not depend on the prompt's length)."""
+        static cache then takes its committed keys (sized for them and :data:`_SLACK` more)."""
         from transformers.cache_utils import DFlashCache
 
         num_new = 0 if context is None else context.shape[1]
@@ -152,7 +155,7 @@ class StaticContextCache:
             cache=dynamic,
             use_cache=True,
         ).last_hidden_state
-        self.capacity = cache_capacity(2 * max(num_new, MAX_ROWS))
+        self.capacity = cache_capacity(num_new + _SLACK)
         self.cache = self._new_cache()
         copy_positions(dynamic.layers, self.cache, 0, num_new, self._frozen)
         self.past = num_new
@@ -166,7 +169,7 @@ class StaticContextCache:
 
     def _grow(self, needed: int) -> None:
         old = self.cache
-        self.capacity = cache_capacity(needed)
+        self.capacity = cache_capacity(needed + _SLACK)
         self.cache = self._new_cache()
         copy_positions(old.layers, self.cache, 0, self.past, self._frozen)
 
