@@ -48,7 +48,8 @@ SHIPPED_PAIRS: dict[str, PairSpec] = {
         summary="SmolLM2-135M-Instruct + its 3-layer DFlash drafter reading the verifier's hidden states",
         # the head over the first 8,192 ids when decoding: docs/drafters.md
         drafter_options={"head_vocab": 8192},
-        decoding={"gamma": 8, "acceptance": "greedy", "tree": "auto"},
+        # drafts at T=0: the tree takes the drafter's mode chain and runner-ups (what bench measures)
+        decoding={"gamma": 8, "acceptance": "greedy", "tree": "auto", "draft_temperature": 0.0},
         # the verifier's own answers to 9,000 function prompts (the DFlash drafter's corpus)
         datastore="smollm2/corpus_dflash_1m.parquet",
     ),

@@ -99,14 +99,15 @@ class BenchMethod:
     def with_dtype(self, dtype: str) -> BenchMethod:
         from dataclasses import replace
 
-        return replace(self, dtype=dtype, key=f"{self.key}@{dtype}", name=f"{self.name} [{_short(dtype)}]")
+        return replace(self, dtype=dtype, key=f"{self.key}@{dtype}", name=f"{self.name} [{short_dtype(dtype)}]")
 
 
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text.lower()).strip("_").replace("__", "_")
 
 
-def _short(dtype: str) -> str:
+def short_dtype(dtype: str) -> str:
+    """The short name bench keys and labels give a dtype (``"bfloat16"`` -> ``"bf16"``)."""
     return {"float32": "fp32", "bfloat16": "bf16", "float64": "fp64", "float16": "fp16"}.get(dtype, dtype)
 
 
