@@ -99,7 +99,9 @@ class BenchMethod:
     def with_dtype(self, dtype: str) -> BenchMethod:
         from dataclasses import replace
 
-        return replace(self, dtype=dtype, key=f"{self.key}@{dtype}", name=f"{self.name} [{short_dtype(dtype)}]")
+        return replace(
+            self, dtype=dtype, key=f"{self.key}@{dtype}", name=f"{self.name} [{short_dtype(dtype)}]"
+        )
 
 
 def _slug(text: str) -> str:
