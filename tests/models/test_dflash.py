@@ -127,6 +127,47 @@ def test_float32_greedy_decoding_and_a_second_sequence():
         assert torch.equal(out.sequences, reference_greedy(verifier, ids, 16))
 
 
+def test_a_ranked_draft_vocabulary_travels_with_the_drafter_and_drafts_only_its_ids(tmp_path):
+    verifier = _verifier()
+    ranking = [40, 3, 17, 9, 22, 0, 31, 8, 44, 12, 5, 27]  # most frequent first
+    full = _drafter(verifier)
+    DFlashDrafter(full.model, verifier, vocab_ranking=ranking).save_pretrained(tmp_path / "d")
+    assert json.loads((tmp_path / "d" / "draft_vocab.json").read_text())["ranking"] == ranking
+    ranked = DFlashDrafter.from_pretrained(tmp_path / "d", verifier=verifier, head_vocab=6)
+    assert ranked.vocab_ranking == ranking and ranked.draft_vocab.ids.tolist() == sorted(ranking[:6])
+    first = DFlashDrafter.from_pretrained(tmp_path / "d", verifier=verifier, head_vocab=6, ranked_vocab=False)
+    assert first.draft_vocab.ids.tolist() == list(range(6))
+    ids = torch.randint(0, VOCAB - 1, (1, 6), generator=torch.Generator().manual_seed(4))
+    for d in (full, ranked):
+        d.observe(_features(verifier, ids[:, :-1], d.feature_layers)[0])
+    with torch.no_grad():
+        a, b = full.block_logits(ids), ranked.block_logits(ids, rows=3)
+    assert b.shape == (1, 3, VOCAB)  # the head reads the rows asked for only
+    top = sorted(ranking[:6])
+    torch.testing.assert_close(b[..., top], a[:, :3, top], rtol=1e-9, atol=1e-9)
+    others = [i for i in range(VOCAB) if i not in top]
+    assert torch.isinf(b[..., others]).all()
+    ranked.reset()
+    out = speculative_generate(verifier, ranked, ids, max_new_tokens=16, gamma=4, temperature=0, tree=None)
+    assert torch.equal(out.sequences, reference_greedy(verifier, ids, 16))
+    # the z-lab layout carries it too; a head wider than the ranking takes the other ids in order
+    ranked.save_pretrained(tmp_path / "z", layout="zlab")
+    wide = DFlashDrafter.from_pretrained(tmp_path / "z", verifier=verifier, head_vocab=14)
+    assert wide.draft_vocab.ids.tolist() == sorted(ranking + [1, 2])
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [("{not json", "unreadable"), ('{"ranking": [1, 1]}', "distinct"), ('{"ranking": [48]}', "distinct")],
+)
+def test_a_bad_draft_vocabulary_file_is_a_clear_error_naming_it(tmp_path, text, problem):
+    verifier = _verifier()
+    _drafter(verifier).save_pretrained(tmp_path / "d")
+    (tmp_path / "d" / "draft_vocab.json").write_text(text)
+    with pytest.raises(ValueError, match=rf"draft_vocab\.json.*{problem}"):
+        DFlashDrafter.from_pretrained(tmp_path / "d", verifier=verifier, head_vocab=6)
+
+
 def test_a_head_over_the_first_ids_drafts_only_those_and_stays_lossless(tmp_path):
     verifier = _verifier()
     full = _drafter(verifier)

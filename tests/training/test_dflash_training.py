@@ -1,11 +1,14 @@
 """Training a DFlash drafter through our LightningModule: it learns under both objectives, exports a
 transformers-layout checkpoint that reloads and decodes losslessly, and can start from verifier layers."""
 
+import json
+
 import pytest
 import torch
 
 from helpers import fit_briefly, random_sequence_corpus, reference_greedy
 from specdiff_lightning import DFlashDrafter, speculative_generate
+from specdiff_lightning.data.sequences import answer_token_ranking
 from specdiff_lightning.models.loading import load_drafter, load_verifier
 from specdiff_lightning.training.dflash import DFlashDrafterTraining, init_layers_from_verifier
 
@@ -34,6 +37,9 @@ def test_fit_export_reload_and_decode_losslessly(tmp_path, objective):
     assert "embed_tokens" not in state and "lm_head" not in state and "verifier" not in state
     assert (export / "config.json").is_file() and (export / "model.safetensors").is_file()
     assert all(f.stat().st_mode & 0o777 == 0o644 for f in export.iterdir())  # readable by others
+    # the tokens the verifier wrote in the training split, most frequent first, go with the export
+    ranking = json.loads((export / "draft_vocab.json").read_text())["ranking"]
+    assert ranking == answer_token_ranking(str(corpus))
 
     verifier = load_verifier("tiny-llama", dtype=torch.float32)
     for drafter in (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import random
 import zlib
+from collections import Counter
 
 import lightning as L
 import torch
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from ..feature_store import FeatureStore
 from .records import CorpusError, expand_files, iter_records
 
-__all__ = ["SequenceDataModule", "collate_sequences"]
+__all__ = ["SequenceDataModule", "collate_sequences", "answer_token_ranking"]
 
 
 def _is_val(record_id: str, val_percent: int) -> bool:
@@ -51,6 +52,19 @@ class _Sequences(IterableDataset):
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(rows)
         yield from rows
+
+
+def answer_token_ranking(data_files: str | list[str], val_percent: int = 5) -> list[int]:
+    """The token ids of the training split's continuations (what the verifier wrote), most frequent
+    first (ties by id): the ranking a drafter's decoding head takes its ids from
+    (``DraftVocabulary.top``). The validation split is left out, as from training."""
+    counts: Counter = Counter()
+    for i, record in enumerate(iter_records(expand_files(data_files))):
+        if not _is_val(str(record.get("id", i)), val_percent):
+            counts.update(record["continuation_ids"])
+    if not counts:
+        raise CorpusError(f"the corpus {data_files!r} has no training continuations to count")
+    return [token for token, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
 def collate_sequences(
@@ -138,3 +152,7 @@ class SequenceDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("val")
+
+    def answer_token_ranking(self) -> list[int]:
+        """:func:`answer_token_ranking` of this module's corpus and split."""
+        return answer_token_ranking(self.hparams.data_files, self.hparams.val_percent)

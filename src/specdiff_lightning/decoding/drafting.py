@@ -19,6 +19,7 @@ __all__ = [
     "derived_generator",
     "model_device",
     "head_logits",
+    "DraftVocabulary",
     "share_vocabulary",
 ]
 
@@ -149,20 +150,91 @@ def derived_generator(generator: torch.Generator | None, device: torch.device) -
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def head_logits(head: nn.Linear, rows: torch.Tensor, vocab: int | None = None) -> torch.Tensor:
-    """``head(rows)`` for ``rows[N, H]``; with ``vocab``, computed for ids ``[0, vocab)`` only and
-    -inf above, the logits' width unchanged. BPE ids follow merge order, so the first ids are the
-    frequent tokens: a drafter's head can read a fraction of its weights, and drafts stay drafts
+def head_logits(
+    head: nn.Linear, rows: torch.Tensor, vocab: int | DraftVocabulary | None = None
+) -> torch.Tensor:
+    """``head(rows)`` for ``rows[N, H]``; with ``vocab``, computed for a subset of the ids only
+    (an int n: ids ``[0, n)``; a :class:`DraftVocabulary`: its ids) and -inf elsewhere, the logits'
+    width unchanged. A drafter's head then reads a fraction of its weights, and drafts stay drafts
     (acceptance, not exactness, depends on it). ``rows`` is copied to a fresh 2-D tensor first: the
     bf16 CPU head on an offset view is ~18x slower (see DiffusionDrafter)."""
     rows = rows.reshape(-1, rows.shape[-1]).clone()
     size = head.weight.shape[0]
-    if vocab is None or vocab == size:
+    if isinstance(vocab, int):
+        vocab = None if vocab == size else DraftVocabulary.first(vocab, size)
+    if vocab is None:
         return head(rows)
-    # the first rows of the [V, H] weight are a contiguous block: no copy
-    bias = None if head.bias is None else head.bias[:vocab]
-    logits = torch.nn.functional.linear(rows, head.weight[:vocab], bias)
-    return torch.nn.functional.pad(logits, (0, size - vocab), value=float("-inf"))
+    return vocab.logits(head, rows)
+
+
+class DraftVocabulary:
+    """The token ids a drafter's head scores when decoding (EAGLE-3's draft vocabulary): the others
+    get -inf, so the drafter never proposes them and its head costs ``len(ids) / V`` of the full one.
+
+    BPE ids follow merge order, so the first ids (:meth:`first`) are roughly the frequent tokens;
+    ranking the tokens by how often the verifier actually writes them (:meth:`top`, from a
+    drafter's training answers) covers far more of what it writes at the same size (SmolLM2's
+    corpus: the first 8,192 ids cover 85% of held-out answer tokens, the 8,192 most frequent 99%).
+
+    Args:
+        ids: the token ids scored (any order, no repeats), each in ``[0, vocab_size)``.
+        vocab_size: the head's width (the verifier's vocabulary).
+    """
+
+    def __init__(self, ids: torch.Tensor | list[int], vocab_size: int) -> None:
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten().sort().values
+        if ids.numel() == 0 or int(ids[0]) < 0 or int(ids[-1]) >= vocab_size:
+            raise ValueError(f"a draft vocabulary needs 1.. ids in [0, {vocab_size}), got {ids.numel()} ids")
+        if bool((ids[1:] == ids[:-1]).any()):
+            raise ValueError("a draft vocabulary's ids must not repeat")
+        self.ids, self.vocab_size = ids, int(vocab_size)
+        # ids [0, n): the head's first rows are one contiguous block, read in place
+        self.contiguous = int(ids[-1]) == ids.numel() - 1
+        self._weights: tuple | None = None  # (stamp of the head's weight, its rows at ids, bias)
+
+    @classmethod
+    def first(cls, size: int, vocab_size: int) -> DraftVocabulary:
+        """Ids ``[0, size)``."""
+        if not 1 <= int(size) <= vocab_size:
+            raise ValueError(f"head_vocab={size} must lie in [1, {vocab_size}] (the vocabulary)")
+        return cls(torch.arange(int(size)), vocab_size)
+
+    @classmethod
+    def top(cls, ranking: list[int] | torch.Tensor, size: int, vocab_size: int) -> DraftVocabulary:
+        """The ``size`` first ids of ``ranking`` (most frequent first); where the ranking is shorter
+        (tokens never seen), the remaining ids in id order."""
+        if not 1 <= int(size) <= vocab_size:
+            raise ValueError(f"head_vocab={size} must lie in [1, {vocab_size}] (the vocabulary)")
+        ranked = [int(i) for i in ranking][: int(size)]
+        if len(ranked) < size:
+            taken = set(ranked)
+            ranked += [i for i in range(vocab_size) if i not in taken][: int(size) - len(ranked)]
+        return cls(ranked, vocab_size)
+
+    def __len__(self) -> int:
+        return self.ids.numel()
+
+    def _rows(self, head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+        weight = head.weight
+        if self.contiguous:
+            n = len(self)
+            return weight[:n], None if head.bias is None else head.bias[:n]
+        # the gathered rows are a copy, made once and remade when the head's weight changes
+        stamp = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        if self._weights is None or self._weights[0] != stamp:
+            ids = self.ids.to(weight.device)
+            bias = None if head.bias is None else head.bias.detach()[ids]
+            self._weights = (stamp, weight.detach()[ids].contiguous(), bias)
+        return self._weights[1], self._weights[2]
+
+    def logits(self, head: nn.Linear, rows: torch.Tensor) -> torch.Tensor:
+        """``FloatTensor[N, V]``: ``head(rows)`` at the ids, -inf elsewhere (``rows[N, H]``)."""
+        weight, bias = self._rows(head)
+        logits = torch.nn.functional.linear(rows, weight, bias)
+        if self.contiguous:
+            return torch.nn.functional.pad(logits, (0, self.vocab_size - len(self)), value=float("-inf"))
+        out = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+        return out.index_copy_(1, self.ids.to(out.device), logits)
 
 
 def model_device(model: nn.Module) -> torch.device:

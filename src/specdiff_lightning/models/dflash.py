@@ -28,7 +28,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..decoding.drafting import Drafter, Proposal, derived_generator, head_logits, sample_from_marginals
+from ..decoding.drafting import (
+    Drafter,
+    DraftVocabulary,
+    Proposal,
+    derived_generator,
+    head_logits,
+    sample_from_marginals,
+)
 from .compiled_prefix import StaticContextCache
 
 __all__ = ["DFlashDrafter", "DFLASH_KIND"]
@@ -81,12 +88,22 @@ class DFlashDrafter(Drafter):
             ``target_layer_ids``).
         verifier: the HF causal LM it drafts for; its input embeddings and output head are used
             (references, never copied or saved), so they stay in the verifier's dtype and device.
-        head_vocab: when decoding, compute the head for ids ``[0, head_vocab)`` only
-            (:func:`~specdiff_lightning.decoding.drafting.head_logits`); the drafter never proposes
-            the others. None: the whole vocabulary. Training forwards always use the whole head.
+        head_vocab: when decoding, compute the head for ``head_vocab`` ids only
+            (:class:`~specdiff_lightning.decoding.drafting.DraftVocabulary`): the first ids of
+            ``vocab_ranking`` where there is one, else ids ``[0, head_vocab)``; the drafter never
+            proposes the others. None: the whole vocabulary. Training forwards always use the
+            whole head.
+        vocab_ranking: token ids, most frequent first, in the drafter's training answers (a
+            checkpoint's ``draft_vocab.json``); saved with the drafter.
     """
 
-    def __init__(self, model: nn.Module, verifier: nn.Module, head_vocab: int | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        verifier: nn.Module,
+        head_vocab: int | None = None,
+        vocab_ranking: list[int] | None = None,
+    ) -> None:
         from transformers import MuseGlimmerAssistantModel
 
         if not isinstance(model, MuseGlimmerAssistantModel):
@@ -108,6 +125,14 @@ class DFlashDrafter(Drafter):
         if head_vocab is not None and not 1 <= int(head_vocab) <= self.vocab_size:
             raise ValueError(f"head_vocab={head_vocab} must lie in [1, {self.vocab_size}] (the vocabulary)")
         self.head_vocab = None if head_vocab is None else int(head_vocab)
+        self.vocab_ranking = None if vocab_ranking is None else [int(i) for i in vocab_ranking]
+        self.draft_vocab: DraftVocabulary | None = None
+        if self.head_vocab is not None and self.head_vocab < self.vocab_size:
+            self.draft_vocab = (
+                DraftVocabulary.first(self.head_vocab, self.vocab_size)
+                if self.vocab_ranking is None
+                else DraftVocabulary.top(self.vocab_ranking, self.head_vocab, self.vocab_size)
+            )
         self.compiled = False
         self.reset()
 
@@ -141,18 +166,21 @@ class DFlashDrafter(Drafter):
         verifier: nn.Module,
         dtype: torch.dtype | str | None = None,
         head_vocab: int | None = None,
+        ranked_vocab: bool = True,
     ) -> DFlashDrafter:
         """A DFlash checkpoint (a directory, or a hub id in the local hub cache) in transformers' or
         z-lab's layout, around ``verifier``.
 
         Never runs checkpoint code: an ``auto_map`` is ignored (a warning says so) and the weights
         go into the stock class. Args: ``dtype``: None / ``"auto"``: the verifier's; the drafter
-        lives on the verifier's embedding device. ``head_vocab``: see the class.
+        lives on the verifier's embedding device. ``head_vocab``: see the class; it takes the most
+        frequent ids of the directory's ``draft_vocab.json`` where there is one (``ranked_vocab``
+        False: ids ``[0, head_vocab)`` regardless).
         """
         from transformers import MuseGlimmerAssistantModel
         from transformers.initialization import no_init_weights
 
-        from .dflash_format import read_dflash_config, read_dflash_tensors
+        from .dflash_format import read_dflash_config, read_dflash_tensors, read_vocab_ranking
         from .loading import resolve_dtype
         from .specs import resolve_pretrained
 
@@ -191,15 +219,19 @@ class DFlashDrafter(Drafter):
                     f"{tuple(expected[name].shape)}; the config and weights disagree"
                 )
         model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True)
-        return cls(model.to(verifier.get_input_embeddings().weight.device), verifier, head_vocab)
+        vocab = int(verifier.get_output_embeddings().weight.shape[0])
+        ranking = read_vocab_ranking(path, vocab) if ranked_vocab else None
+        return cls(model.to(verifier.get_input_embeddings().weight.device), verifier, head_vocab, ranking)
 
     def save_pretrained(self, path: str | os.PathLike, layout: str = "hf") -> None:
         """Write the drafter (never the verifier's embeddings or head) in ``layout``: ``"hf"``
         (transformers', the stock ``save_pretrained``) or ``"zlab"`` (z-lab's, read by vLLM / SGLang
         and the ``dflash`` package)."""
-        from .dflash_format import write_dflash
+        from .dflash_format import write_dflash, write_vocab_ranking
 
         write_dflash(self.model, path, layout, self.num_target_layers)
+        if self.vocab_ranking is not None:
+            write_vocab_ranking(path, self.vocab_ranking, "the drafter's training answers")
 
     # ------------------------------------------------------------------ decoding
     @property
@@ -250,9 +282,12 @@ class DFlashDrafter(Drafter):
             )
         return new.to(self.device, next(self.model.parameters()).dtype)[None]
 
-    def block_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """One round: ``logits[1, block_size - 1, V]`` of ``x_n .. x_{n+block_size-2}`` after the
-        prefix ``input_ids[1, n]``, from the features observed so far (the cache keeps the context)."""
+    def block_logits(self, input_ids: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """One round: ``logits[1, rows, V]`` of ``x_n .. x_{n+rows-1}`` after the prefix
+        ``input_ids[1, n]``, from the features observed so far (the cache keeps the context).
+        ``rows``: at most and by default ``block_size - 1``; the block is always whole (its
+        marginals depend on its length), the head reads only the rows asked for."""
+        rows = self.block_size - 1 if rows is None else min(int(rows), self.block_size - 1)
         dtype = next(self.model.parameters()).dtype
         context = self._take_features(input_ids.shape[1] - 1)
         new = context.shape[1]
@@ -267,8 +302,8 @@ class DFlashDrafter(Drafter):
             hidden = self._dynamic_round(context, noise)
         self._past += new
         self._inbox = []
-        rows = hidden[0, 1:].to(self.head.weight.device, self.head.weight.dtype)
-        return head_logits(self.head, rows, self.head_vocab)[None]
+        drafted = hidden[0, 1 : 1 + rows].to(self.head.weight.device, self.head.weight.dtype)
+        return head_logits(self.head, drafted, self.draft_vocab)[None]
 
     def _dynamic_round(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """The block's hidden states ``[1, block_size, H]`` through the eager model over the
@@ -356,7 +391,7 @@ class DFlashDrafter(Drafter):
             raise ValueError("the DFlash drafter drafts one sequence at a time (batch size 1)")
         home = input_ids.device
         window = min(gamma, self.block_size - 1)
-        logits = self._restrict_logits(self.block_logits(input_ids)[:, :window]).to(self.device)
+        logits = self._restrict_logits(self.block_logits(input_ids, window)).to(self.device)
         proposal = sample_from_marginals(
             logits, num_drafts, temperature, derived_generator(generator, self.device)
         )

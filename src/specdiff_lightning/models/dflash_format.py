@@ -10,7 +10,10 @@ The two layouts hold the same tensors:
   ``config.json`` (``model_type`` ``qwen3``, ``architectures`` ``DFlashDraftModel``, ``rope_theta``)
   with the DFlash fields in ``dflash_config`` (or top level); the projection is ``fc`` / ``hidden_norm``.
 
-Neither stores embeddings or an LM head: a drafter uses its verifier's. Only safetensors are read,
+Neither stores embeddings or an LM head: a drafter uses its verifier's. Either may hold
+``draft_vocab.json`` beside them, which no other tool reads: the token ids ranked by how often the
+verifier wrote them in the drafter's training answers (:func:`read_vocab_ranking`), from which
+``head_vocab`` takes the ids a decoding head scores. Only safetensors are read,
 and no checkpoint code is ever imported: an ``auto_map`` is ignored (with a warning), and the
 weights go into the stock class.
 """
@@ -35,6 +38,9 @@ __all__ = [
     "read_dflash_tensors",
     "write_dflash",
     "dflash_config_for",
+    "VOCAB_RANKING_FILE",
+    "read_vocab_ranking",
+    "write_vocab_ranking",
 ]
 
 #: the layouts :func:`write_dflash` writes and :func:`read_dflash_config` reads
@@ -62,6 +68,8 @@ _SHARED = (
 )
 _WEIGHTS = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
+#: a drafter directory's token ranking (most frequent first), when it has one
+VOCAB_RANKING_FILE = "draft_vocab.json"
 
 
 def _raw_config(path: Path) -> dict:
@@ -289,6 +297,38 @@ def write_dflash(model: nn.Module, path: str | os.PathLike, layout: str, num_tar
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     save_file(state, path / _WEIGHTS, metadata={"format": "pt"})
     give_user_modes(path)
+
+
+def read_vocab_ranking(path: str | os.PathLike, vocab_size: int) -> list[int] | None:
+    """The token ids of ``path``'s :data:`VOCAB_RANKING_FILE`, most frequent first, or None where
+    the directory has none. A file that is unreadable, or whose ids repeat or fall outside
+    ``[0, vocab_size)``, is an error naming it."""
+    file = Path(path) / VOCAB_RANKING_FILE
+    if not file.is_file():
+        return None
+    try:
+        ranking = json.loads(file.read_text())["ranking"]
+        ids = [int(i) for i in ranking]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f'{file} is unreadable ({err}); it should be {{"ranking": [token ids, most frequent first]}}. '
+            f"Delete it to draft over the first head_vocab ids, or write it again"
+        ) from err
+    if not ids or min(ids) < 0 or max(ids) >= vocab_size or len(set(ids)) != len(ids):
+        raise ValueError(
+            f"{file}: its ranking must list distinct token ids in [0, {vocab_size}) (the verifier's "
+            f"vocabulary); is it another verifier's? Delete it or write it again"
+        )
+    return ids
+
+
+def write_vocab_ranking(path: str | os.PathLike, ranking: list[int], source: str = "") -> None:
+    """Write ``ranking`` (token ids, most frequent first) as ``path``'s :data:`VOCAB_RANKING_FILE`,
+    atomically; ``source``: where the counts came from (kept for the reader)."""
+    from ..paths import atomic_write
+
+    text = json.dumps({"source": source, "ranking": [int(i) for i in ranking]}) + "\n"
+    atomic_write(Path(path) / VOCAB_RANKING_FILE, lambda tmp: Path(tmp).write_text(text))
 
 
 def _single_id(config, name: str) -> int | None:

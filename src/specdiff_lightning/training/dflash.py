@@ -152,8 +152,19 @@ class DFlashDrafterTraining(VerifierFeatureTraining):
     def export(self, path: str, dtype: torch.dtype | None = torch.bfloat16, layout: str = "hf") -> None:
         """Write the drafter as a DFlash checkpoint (never the verifier's embeddings or head) in
         ``dtype`` (None: as it is; the training copy is never cast) and ``layout``: ``"hf"``
-        (transformers') or ``"zlab"`` (z-lab's, for vLLM / SGLang)."""
+        (transformers') or ``"zlab"`` (z-lab's, for vLLM / SGLang). With it goes the ranking of the
+        tokens the verifier wrote in the training corpus (``draft_vocab.json``, from which a
+        decoding ``head_vocab`` takes its ids), else the one the drafter started from."""
         import copy
 
         model = self.drafter.model if dtype is None else copy.deepcopy(self.drafter.model).to(dtype)
-        DFlashDrafter(model, self.verifier).save_pretrained(path, layout=layout)
+        DFlashDrafter(model, self.verifier, vocab_ranking=self._vocab_ranking()).save_pretrained(
+            path, layout=layout
+        )
+
+    def _vocab_ranking(self) -> list[int] | None:
+        trainer = self._trainer  # None outside a run (an export from a notebook)
+        data = getattr(trainer, "datamodule", None) if trainer is not None else None
+        if data is not None and hasattr(data, "answer_token_ranking"):
+            return data.answer_token_ranking()
+        return self.drafter.vocab_ranking
