@@ -127,6 +127,65 @@ def test_float32_greedy_decoding_and_a_second_sequence():
         assert torch.equal(out.sequences, reference_greedy(verifier, ids, 16))
 
 
+def test_every_anchor_scored_and_walked_gives_the_rounds_greedy_decoding_accepts():
+    """The teacher-forced decode path (``val/decode_accepted``) is what the loop accepts round by
+    round along the verifier's greedy continuation: the same blocks, started where decoding starts."""
+    from specdiff_lightning.training.losses import decode_path_streaks, greedy_chain_streaks
+    from specdiff_lightning.training.slice_drafter import block_targets
+
+    verifier = _verifier()
+    drafter = _drafter(verifier)
+    prompts = [
+        torch.randint(0, VOCAB - 1, (1, 5), generator=torch.Generator().manual_seed(s)) for s in range(4)
+    ]
+    seqs = [reference_greedy(verifier, p, 40) for p in prompts]
+    feats = [_features(verifier, s, drafter.feature_layers) for s in seqs]
+
+    def blocks(i):
+        length = seqs[i].shape[1]
+        starts = torch.arange(prompts[i].shape[1], length)[None]
+        return starts, block_targets(seqs[i], torch.tensor([length]), starts, 4)[0]
+
+    # a drafter that has half learnt these continuations, so rounds accept drafts of several lengths
+    drafter.model.train()
+    opt = torch.optim.Adam(drafter.model.parameters(), lr=3e-3)
+    for _ in range(3):
+        for i in range(len(seqs)):
+            starts, targets = blocks(i)
+            logits = drafter.blocks_logits(feats[i], seqs[i], starts, 4)[0]
+            loss = torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), targets.flatten(), ignore_index=-100
+            )
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    drafter.model.eval()
+    decoded_all = []
+    for i, prompt in enumerate(prompts):
+        drafter.reset()
+        out = speculative_generate(
+            verifier,
+            drafter,
+            prompt,
+            max_new_tokens=40,
+            gamma=4,
+            temperature=0,
+            tree=None,
+            draft_temperature=0.0,
+        )
+        assert torch.equal(out.sequences, seqs[i])
+        starts, targets = blocks(i)  # round 1 drafts x_c.. after the prompt x_0..x_{c-1}
+        with torch.no_grad():
+            streaks = greedy_chain_streaks(
+                drafter.blocks_hidden(feats[i], seqs[i], starts, 4)[0], drafter.head, targets
+            )
+        walked = decode_path_streaks(streaks).tolist()
+        decoded = [r.accepted for r in out.stats.rounds]
+        assert walked[:-1] == decoded[: len(walked) - 1]  # the last round is cut by the token budget
+        decoded_all += decoded
+    assert len(set(decoded_all)) >= 3  # rounds of several lengths: the walk is tested past zero streaks
+
+
 def test_a_ranked_draft_vocabulary_travels_with_the_drafter_and_drafts_only_its_ids(tmp_path):
     verifier = _verifier()
     ranking = [40, 3, 17, 9, 22, 0, 31, 8, 44, 12, 5, 27]  # most frequent first

@@ -21,7 +21,7 @@ TINY = dict(
 def test_fit_export_reload_and_decode_losslessly(tmp_path, objective):
     corpus = random_sequence_corpus(tmp_path / "corpus.jsonl")
     export = tmp_path / "export"
-    module = DFlashDrafterTraining(**TINY, objective=objective, export_dir=str(export))
+    module = DFlashDrafterTraining(**TINY, objective=objective, export_dir=str(export), val_decode_path=True)
     before = {k: v.clone() for k, v in module.drafter_model.state_dict().items()}
     fit_briefly(module, corpus, tmp_path, max_steps=4)
     after = module.drafter_model.state_dict()
@@ -31,8 +31,9 @@ def test_fit_export_reload_and_decode_losslessly(tmp_path, objective):
 
     data = SequenceDataModule(str(corpus), batch_size=4, max_length=32, val_percent=50)
     (metrics,) = module.trainer.validate(module, data)
-    assert {"val/loss", "val/streak", "val/accepted"} <= set(metrics)
+    assert {"val/loss", "val/streak", "val/accepted", "val/decode_accepted"} <= set(metrics)
     assert 0 <= metrics["val/accepted"] <= module.window
+    assert 0 <= metrics["val/decode_accepted"] <= module.window
     state = " ".join(module.state_dict())
     assert "embed_tokens" not in state and "lm_head" not in state and "verifier" not in state
     assert (export / "config.json").is_file() and (export / "model.safetensors").is_file()

@@ -144,6 +144,34 @@ def test_greedy_chain_accepted_counts_leading_argmax_matches():
     assert greedy_chain_accepted(logits, targets).tolist() == [2, 0, 2]  # a miss or the end stops it
 
 
+def test_greedy_chain_streaks_scores_lazily_what_greedy_chain_accepted_scores():
+    from specdiff_lightning.training.losses import greedy_chain_accepted, greedy_chain_streaks
+
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(6, 4, bias=False)
+    rows = torch.randn(200, 5, 6, generator=gen)
+    with torch.no_grad():
+        chain = head(rows).argmax(-1)
+    # targets that follow the argmax for a random number of positions, then miss or end
+    keep = torch.randint(0, 6, (200,), generator=gen)
+    pos = torch.arange(5)
+    targets = torch.where(pos < keep[:, None], chain, (chain + 1) % 4)
+    targets[::7, 3:] = -100
+    with torch.no_grad():
+        want = greedy_chain_accepted(head(rows), targets)
+        assert torch.equal(greedy_chain_streaks(rows, head, targets), want)
+    assert want.float().mean() > 1  # long streaks occur, so the later positions are scored too
+
+
+def test_the_decode_path_walks_the_rounds_greedy_decoding_takes():
+    from specdiff_lightning.training.losses import decode_path_streaks
+
+    # a round accepting s tokens emits s + 1: the next round starts s + 1 anchors on
+    assert decode_path_streaks(torch.tensor([2, 0, 0, 1, 5, 0, 3, 9, 9, 9])).tolist() == [2, 1, 0, 3]
+    assert decode_path_streaks(torch.tensor([0, 0, 0])).tolist() == [0, 0, 0]
+    assert decode_path_streaks(torch.zeros(0, dtype=torch.long)).tolist() == []
+
+
 def test_masked_ce_position_decay_weights_each_window_position():
     """DFlash's decay: position k's cross-entropy weighs exp(-(k-1)/decay); ignored positions weigh
     nothing; without decay the plain mean."""

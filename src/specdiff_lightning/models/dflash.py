@@ -325,6 +325,15 @@ class DFlashDrafter(Drafter):
         self, features: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, gamma: int | None = None
     ) -> torch.Tensor:
         """Training forward: many blocks of each sequence in one pass, as DFlash trains.
+        ``logits[B, M, gamma, V]`` through the verifier's head of :meth:`blocks_hidden`."""
+        rows = self.blocks_hidden(features, input_ids, starts, gamma)
+        batch, m, gamma = rows.shape[:3]
+        return head_logits(self.head, rows).view(batch, m, gamma, -1)
+
+    def blocks_hidden(
+        self, features: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, gamma: int | None = None
+    ) -> torch.Tensor:
+        """The hidden rows of many blocks of each sequence in one pass, before the head.
 
         Args:
             features: ``[B, L, F]`` the verifier's hidden states at :attr:`feature_layers`,
@@ -336,7 +345,7 @@ class DFlashDrafter(Drafter):
             gamma: drafted positions returned (default and at most ``block_size - 1``); the
                 block itself is always ``block_size`` long (its marginals depend on its length).
         Returns:
-            ``logits[B, M, gamma, V]`` through the verifier's head.
+            ``rows[B, M, gamma, H]``, in the head's dtype and on its device.
         """
         from ..decoding.attention import to_model_mask
         from .diffusion import blocks_allowed
@@ -373,8 +382,7 @@ class DFlashDrafter(Drafter):
             use_cache=False,
         ).last_hidden_state
         rows = hidden.view(batch, m, size, -1)[:, :, 1 : 1 + gamma]
-        rows = rows.to(self.head.weight.device, self.head.weight.dtype)
-        return head_logits(self.head, rows).view(batch, m, gamma, -1)
+        return rows.to(self.head.weight.device, self.head.weight.dtype)
 
     @torch.no_grad()
     def propose(

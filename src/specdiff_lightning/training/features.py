@@ -119,11 +119,12 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
                 store.put(ids[b, :n], feats[b, :n], greedy[b, :n])
         return feats, greedy
 
-    def _blocks(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(logits[B*M, window, V], targets[B*M, window])`` of the batch's blocks at random anchors."""
+    def _blocks(self, batch: dict, read: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits[B*M, window, V], targets[B*M, window])`` of the batch's blocks at random anchors
+        (``read``: the batch's ``_batch_features`` when already read)."""
         hp = self.hparams
         ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
-        feats, greedy = self._batch_features(batch)
+        feats, greedy = read or self._batch_features(batch)
         starts = sample_block_starts(cont, lengths, hp.blocks, self._generator).to(ids.device)
         labels = greedy if hp.targets == "verifier" else ids
         targets = block_targets(labels, lengths, starts, self.window)
@@ -144,7 +145,8 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
         block), what a K=1 chain round at draft temperature 0 accepts."""
         from .losses import greedy_chain_accepted
 
-        logits, targets = self._blocks(batch)
+        read = self._batch_features(batch)
+        logits, targets = self._blocks(batch, read)
         loss, streak = self._objective(logits, targets)
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         self.log("val/streak", streak.float().mean(), prog_bar=True, sync_dist=True)
@@ -154,3 +156,36 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
             prog_bar=True,
             sync_dist=True,
         )
+        if self.hparams.get("val_decode_path"):
+            path = self._decode_path(batch, read)
+            if path.numel():
+                self.log("val/decode_accepted", path.float().mean(), sync_dist=True, batch_size=path.numel())
+
+    #: anchors scored per forward in ``_decode_path`` (bounds the block mask and the hidden rows)
+    _PATH_CHUNK = 64
+
+    @torch.no_grad()
+    def _decode_path(self, batch: dict, read: tuple) -> torch.Tensor:
+        """``LongTensor[R]``: the accepted lengths of the rounds greedy decoding with the chain meets
+        along the batch's continuations (:func:`~.losses.decode_path_streaks`): the first round
+        drafts from the continuation's first token on (its pending token is the prompt's last)."""
+        from .losses import decode_path_streaks, greedy_chain_streaks
+
+        ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
+        feats, greedy = read
+        labels = greedy if self.hparams.targets == "verifier" else ids
+        path = []
+        for b in range(ids.shape[0]):
+            n, first = int(lengths[b]), max(int(cont[b]), 1)
+            if first >= n:
+                continue
+            streaks = []
+            for lo in range(first, n, self._PATH_CHUNK):
+                starts = torch.arange(lo, min(n, lo + self._PATH_CHUNK), device=ids.device)[None]
+                rows = self.drafter.blocks_hidden(
+                    feats[b : b + 1, :n], ids[b : b + 1, :n], starts, self.window
+                )
+                targets = block_targets(labels[b : b + 1, :n], lengths[b : b + 1], starts, self.window)
+                streaks.append(greedy_chain_streaks(rows[0], self.drafter.head, targets[0]))
+            path.append(decode_path_streaks(torch.cat(streaks)))
+        return torch.cat(path) if path else torch.zeros(0, dtype=torch.long)

@@ -24,6 +24,8 @@ from ..decoding.sampling import compute_dtype
 
 __all__ = [
     "greedy_chain_accepted",
+    "greedy_chain_streaks",
+    "decode_path_streaks",
     "IGNORE_INDEX",
     "streak_loss",
     "expected_streak_loss",
@@ -177,6 +179,40 @@ def greedy_chain_accepted(draft_logits: torch.Tensor, targets: torch.Tensor) -> 
     chain when the verifier's path is ``targets``."""
     hit = (draft_logits.argmax(-1) == targets) & _valid(targets)
     return hit.long().cumprod(-1).sum(-1)
+
+
+def greedy_chain_streaks(rows: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor) -> torch.Tensor:
+    """:func:`greedy_chain_accepted` from the drafter's hidden rows ``[N, g, H]`` before its
+    ``head``, scoring position j only for the blocks whose first j positions matched: the head runs
+    on about (mean streak + 1) rows a block instead of g, which makes scoring every anchor of a
+    sequence affordable. ``LongTensor[N]``."""
+    streaks = torch.zeros(rows.shape[0], dtype=torch.long, device=targets.device)
+    alive = torch.arange(rows.shape[0], device=targets.device)
+    for j in range(rows.shape[1]):
+        if alive.numel() == 0:
+            break
+        tokens = head(rows[alive.to(rows.device), j]).argmax(-1).to(targets.device)
+        hit = (tokens == targets[alive, j]) & _valid(targets[alive, j])
+        alive = alive[hit]
+        streaks[alive] += 1
+    return streaks
+
+
+def decode_path_streaks(streaks: torch.Tensor) -> torch.Tensor:
+    """``LongTensor[R]``: the streaks greedy decoding meets along one sequence, from
+    ``streaks[T]``, the greedy chain's accepted length at every consecutive anchor (anchor 0: the
+    first decoding round). A round that accepts s tokens emits s + 1, so the next round starts
+    s + 1 anchors on.
+
+    Decoding starts its rounds right after the drafter's misses, so this path's mean is below the
+    mean over uniform anchors (which land inside long easy stretches more often): on SmolLM2's
+    corpus 1.14 against 1.46, the first equal to what the decoding loop accepts."""
+    path, i = [], 0
+    values = streaks.tolist()
+    while i < len(values):
+        path.append(values[i])
+        i += values[i] + 1
+    return torch.tensor(path, dtype=torch.long)
 
 
 def _with_streak(loss, draft_logits, targets, temperature):
