@@ -109,6 +109,36 @@ def test_training_continues_from_a_saved_drafter(tmp_path):
 def test_a_bad_objective_is_a_clear_error():
     with pytest.raises(ValueError, match="objective must be one of"):
         DFlashDrafterTraining(**TINY, objective="kl")
+    with pytest.raises(ValueError, match=r"anchors must be one of \['uniform', 'decode'\]"):
+        DFlashDrafterTraining(**TINY, anchors="random")
+
+
+def test_decode_anchors_are_where_greedy_decoding_starts_its_rounds(tmp_path):
+    """anchors="decode": each row's blocks start on the drafter's own decoding path (all of it
+    where it is shorter than the blocks asked for, else that many of its anchors), and it trains."""
+    from specdiff_lightning.data.sequences import collate_sequences
+    from specdiff_lightning.training.losses import decode_path
+
+    corpus = random_sequence_corpus(tmp_path / "corpus.jsonl")
+    module = DFlashDrafterTraining(**{**TINY, "blocks": 6}, anchors="decode")
+    records = [json.loads(line) for line in corpus.read_text().splitlines()[:4]]
+    batch = collate_sequences(
+        [(r["prompt_ids"] + r["continuation_ids"], len(r["prompt_ids"])) for r in records]
+    )
+    ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
+    feats, _ = module._batch_features(batch)
+    uniform = torch.zeros(4, 6, dtype=torch.long)
+    starts = module._decode_anchors(feats, ids, ids, lengths, cont, uniform)
+    for b in range(4):
+        first, streaks = module._all_anchor_streaks(feats, ids, ids, lengths, cont, b)
+        path = (decode_path(streaks) + first).tolist()
+        if len(path) >= 6:
+            assert len(set(starts[b].tolist())) == 6 and set(starts[b].tolist()) <= set(path)
+        else:
+            assert starts[b, : len(path)].tolist() == path and (starts[b, len(path) :] == 0).all()
+    before = {k: v.clone() for k, v in module.drafter_model.state_dict().items()}
+    fit_briefly(module, corpus, tmp_path, max_steps=2)
+    assert any(not torch.equal(before[k], v) for k, v in module.drafter_model.state_dict().items())
 
 
 def test_a_bfloat16_verifier_trains_a_float32_drafter_and_a_bad_dtype_is_a_clear_error(tmp_path):

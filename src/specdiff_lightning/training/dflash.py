@@ -84,7 +84,11 @@ class DFlashDrafterTraining(VerifierFeatureTraining):
         objective: ``"masked_ce"`` (DFlash's) or ``"streak"`` (streak-distillation).
         loss_decay: masked_ce weighted by ``exp(-(k - 1) / loss_decay)`` at block position k, as
             DFlash trains (SpecForge's trainer calls it loss_decay_gamma); None: the plain mean.
-        blocks: blocks per sequence and step (anchors uniform over the continuation).
+        blocks: blocks per sequence and step.
+        anchors: where they start: ``"uniform"`` over the continuation (DFlash's), or
+            ``"decode"``: where greedy decoding with the drafter as it is starts its rounds, right
+            after its misses (on-policy; every anchor of the sequence is scored first, without
+            gradients). Validation scores ``val/accepted`` at uniform anchors either way.
         targets: ``"corpus"`` (the record's tokens: the verifier's continuations) or ``"verifier"``
             (its teacher-forced argmax at every position, for any text).
         cache_features: keep each sequence's features after its first read (bf16, in memory).
@@ -128,9 +132,10 @@ class DFlashDrafterTraining(VerifierFeatureTraining):
         overwrite_export: bool = False,
         verifier_dtype: str = "float32",
         val_decode_path: bool = False,
+        anchors: str = "uniform",
     ) -> None:
         super().__init__()
-        self._check_objective(objective, targets, loss_decay)
+        self._check_objective(objective, targets, loss_decay, anchors)
         self.save_hyperparameters()
         frozen = load_verifier(verifier, dtype=_weights_dtype(verifier_dtype))
         self._hold_verifier(frozen)  # not a submodule: frozen, shared, never checkpointed

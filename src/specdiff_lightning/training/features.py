@@ -20,23 +20,30 @@ __all__ = ["VerifierFeatureTraining", "FEATURE_OBJECTIVES"]
 
 #: the objectives of a feature-reading drafter, by the name configs use
 FEATURE_OBJECTIVES = {"masked_ce": masked_ce_loss, "streak": streak_loss}
+#: where a training step's blocks start: uniform over the continuation, or where greedy decoding
+#: with the drafter as it is starts its rounds (``decode``: on-policy anchors, right after misses)
+ANCHORS = ("uniform", "decode")
 
 
 class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
     """A subclass sets ``self.drafter`` (``.feature_layers``, ``.blocks_logits(features, ids,
     starts, gamma)``), :attr:`window` (tokens drafted per block) and the hyperparameters
     ``verifier``, ``objective``, ``blocks``, ``targets``, ``cache_features``, ``draft_temperature``
-    and optionally ``feature_store``, ``loss_decay``."""
+    and optionally ``feature_store``, ``loss_decay``, ``anchors``, ``val_decode_path``."""
 
     window: int
 
-    def _check_objective(self, objective: str, targets: str, loss_decay: float | None = None) -> None:
+    def _check_objective(
+        self, objective: str, targets: str, loss_decay: float | None = None, anchors: str = "uniform"
+    ) -> None:
         if objective not in FEATURE_OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(FEATURE_OBJECTIVES)}, got {objective!r}")
         if loss_decay and objective != "masked_ce":
             raise ValueError(f"loss_decay weights masked_ce's positions; objective {objective!r} takes none")
         if targets not in ("corpus", "verifier"):
             raise ValueError(f"targets must be 'corpus' or 'verifier', got {targets!r}")
+        if anchors not in ANCHORS:
+            raise ValueError(f"anchors must be one of {list(ANCHORS)}, got {anchors!r}")
         self._features: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def on_fit_start(self) -> None:
@@ -119,17 +126,59 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
                 store.put(ids[b, :n], feats[b, :n], greedy[b, :n])
         return feats, greedy
 
-    def _blocks(self, batch: dict, read: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(logits[B*M, window, V], targets[B*M, window])`` of the batch's blocks at random anchors
-        (``read``: the batch's ``_batch_features`` when already read)."""
+    def _blocks(
+        self, batch: dict, read: tuple | None = None, anchors: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits[B*M, window, V], targets[B*M, window])`` of the batch's blocks (``read``: the
+        batch's ``_batch_features`` when already read). Anchors (``anchors``, default the
+        module's): uniform over each continuation, or (``"decode"``) drawn from those greedy
+        decoding starts its rounds from."""
         hp = self.hparams
         ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
         feats, greedy = read or self._batch_features(batch)
-        starts = sample_block_starts(cont, lengths, hp.blocks, self._generator).to(ids.device)
         labels = greedy if hp.targets == "verifier" else ids
+        starts = sample_block_starts(cont, lengths, hp.blocks, self._generator).to(ids.device)
+        if (anchors or hp.get("anchors", "uniform")) == "decode":
+            starts = self._decode_anchors(feats, ids, labels, lengths, cont, starts)
         targets = block_targets(labels, lengths, starts, self.window)
         logits = self.drafter.blocks_logits(feats, ids, starts, self.window)
         return logits.flatten(0, 1), targets.flatten(0, 1)
+
+    #: anchors scored per forward when walking a decoding path (bounds the block mask and rows)
+    _PATH_CHUNK = 64
+
+    @torch.no_grad()
+    def _all_anchor_streaks(self, feats, ids, labels, lengths, cont, b: int) -> tuple[int, torch.Tensor]:
+        """``(first, streaks[T])``: row ``b``'s greedy-chain streak at every anchor from its first
+        decoding round's on (``first``: that round's block start, the continuation's first token)."""
+        from .losses import greedy_chain_streaks
+
+        n, first = int(lengths[b]), max(int(cont[b]), 1)
+        streaks = [torch.zeros(0, dtype=torch.long)]
+        for lo in range(first, n, self._PATH_CHUNK):
+            starts = torch.arange(lo, min(n, lo + self._PATH_CHUNK), device=ids.device)[None]
+            rows = self.drafter.blocks_hidden(feats[b : b + 1, :n], ids[b : b + 1, :n], starts, self.window)
+            targets = block_targets(labels[b : b + 1, :n], lengths[b : b + 1], starts, self.window)
+            streaks.append(greedy_chain_streaks(rows[0], self.drafter.head, targets[0]).cpu())
+        return first, torch.cat(streaks)
+
+    def _decode_anchors(self, feats, ids, labels, lengths, cont, uniform: torch.Tensor) -> torch.Tensor:
+        """``starts[B, M]``: per row, M of the anchors greedy decoding starts its rounds from
+        (:func:`~.losses.decode_path`), without repeats where the path has M or more, else the
+        whole path and ``uniform``'s first anchors for the rest."""
+        from .losses import decode_path
+
+        out = uniform.clone()
+        m = uniform.shape[1]
+        for b in range(ids.shape[0]):
+            first, streaks = self._all_anchor_streaks(feats, ids, labels, lengths, cont, b)
+            if streaks.numel() == 0:
+                continue
+            path = decode_path(streaks) + first
+            if path.numel() >= m:
+                path = path[torch.randperm(path.numel(), generator=self._generator)[:m]]
+            out[b, : path.numel()] = path.to(out.device)
+        return out
 
     def _objective(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hp = self.hparams
@@ -146,7 +195,7 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
         from .losses import greedy_chain_accepted
 
         read = self._batch_features(batch)
-        logits, targets = self._blocks(batch, read)
+        logits, targets = self._blocks(batch, read, anchors="uniform")  # comparable across runs
         loss, streak = self._objective(logits, targets)
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         self.log("val/streak", streak.float().mean(), prog_bar=True, sync_dist=True)
@@ -161,31 +210,19 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
             if path.numel():
                 self.log("val/decode_accepted", path.float().mean(), sync_dist=True, batch_size=path.numel())
 
-    #: anchors scored per forward in ``_decode_path`` (bounds the block mask and the hidden rows)
-    _PATH_CHUNK = 64
-
     @torch.no_grad()
     def _decode_path(self, batch: dict, read: tuple) -> torch.Tensor:
         """``LongTensor[R]``: the accepted lengths of the rounds greedy decoding with the chain meets
         along the batch's continuations (:func:`~.losses.decode_path_streaks`): the first round
         drafts from the continuation's first token on (its pending token is the prompt's last)."""
-        from .losses import decode_path_streaks, greedy_chain_streaks
+        from .losses import decode_path_streaks
 
         ids, lengths, cont = batch["input_ids"], batch["lengths"], batch["cont_start"]
         feats, greedy = read
         labels = greedy if self.hparams.targets == "verifier" else ids
-        path = []
+        path = [torch.zeros(0, dtype=torch.long)]
         for b in range(ids.shape[0]):
-            n, first = int(lengths[b]), max(int(cont[b]), 1)
-            if first >= n:
-                continue
-            streaks = []
-            for lo in range(first, n, self._PATH_CHUNK):
-                starts = torch.arange(lo, min(n, lo + self._PATH_CHUNK), device=ids.device)[None]
-                rows = self.drafter.blocks_hidden(
-                    feats[b : b + 1, :n], ids[b : b + 1, :n], starts, self.window
-                )
-                targets = block_targets(labels[b : b + 1, :n], lengths[b : b + 1], starts, self.window)
-                streaks.append(greedy_chain_streaks(rows[0], self.drafter.head, targets[0]))
-            path.append(decode_path_streaks(torch.cat(streaks)))
-        return torch.cat(path) if path else torch.zeros(0, dtype=torch.long)
+            _, streaks = self._all_anchor_streaks(feats, ids, labels, lengths, cont, b)
+            if streaks.numel():
+                path.append(decode_path_streaks(streaks))
+        return torch.cat(path)
