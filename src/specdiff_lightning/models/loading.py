@@ -170,7 +170,8 @@ def load_drafter(
         kind: ``"auto"`` or the kind the caller needs (``"diffusion"``, ``"autoregressive"``,
             ``"dflash"``); a checkpoint of another kind is a clear error.
         steps, max_prefix_tokens, mask_token_id, shift_logits: diffusion drafters' options.
-        head_vocab: a DFlash drafter's head over ids ``[0, head_vocab)`` when decoding
+        head_vocab: a DFlash drafter's head over ``head_vocab`` ids when decoding: the most frequent
+            of its ``draft_vocab.json``, else ids ``[0, head_vocab)``
             (:class:`~specdiff_lightning.models.dflash.DFlashDrafter`).
         dtype: the model's dtype; a slice takes its verifier's (another one is an error).
         model_kwargs: ``from_pretrained`` kwargs of a checkpoint (``device_map``, ``revision``...);
