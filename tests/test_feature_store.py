@@ -75,6 +75,19 @@ def test_a_store_of_other_layers_stops_the_run_by_name(tmp_path):
         module.feature_store()
 
 
+def test_a_store_read_in_another_dtype_names_the_dtype_and_the_flag(tmp_path):
+    """A store written with a bfloat16 verifier read, opened by a float32 run (say `validate`):
+    the error names the dtype that differs and the flag that reuses the store."""
+    store = tmp_path / "features"
+    writer = DFlashDrafterTraining(**TINY, feature_store=str(store), verifier_dtype="bfloat16")
+    writer.feature_store().put([1], torch.zeros(1, 4), torch.zeros(1))
+    reader = DFlashDrafterTraining(**TINY, feature_store=str(store))
+    with pytest.raises(FeatureStoreError, match="verifier_dtype='bfloat16'.*verifier_dtype='float32'") as err:
+        reader.feature_store()
+    assert "--model.init_args.verifier_dtype bfloat16" in str(err.value)
+    assert "layers" not in str(err.value)  # only the keys that differ
+
+
 def test_features_from_a_store_the_module_did_not_open_are_refused(tmp_path):
     """The data module reads a store without checking whose it is; the training module only takes
     features from the store it opened (and so checked against its verifier and layers)."""

@@ -50,10 +50,11 @@ class FeatureStore:
 
     Args:
         root: the store's directory (created when writing).
-        identity: what the stored tensors depend on: the verifier (its spec and a fingerprint of
-            its weights), the feature layers, where the greedy tokens come from. A store written
-            under another identity is refused. None: only reading (the data module, which leaves
-            that check to the training module that writes).
+        identity: what the stored tensors depend on: the verifier (its spec, a fingerprint of its
+            weights and the dtype it was read in), the feature layers, where the greedy tokens come
+            from. A store written under another identity is refused, naming the keys that differ.
+            None: only reading (the data module, which leaves that check to the training module
+            that writes).
     """
 
     def __init__(self, root: str | os.PathLike, identity: dict | None = None) -> None:
@@ -61,11 +62,23 @@ class FeatureStore:
         self.identity = identity
         described = self._description()
         if described is not None and identity is not None:
-            have = {k: described.get(k) for k in identity}
-            if have != identity:
+            differ = [k for k in identity if described.get(k) != identity[k]]
+            if differ:
+                have = ", ".join(f"{k}={described.get(k)!r}" for k in differ)
+                want = ", ".join(f"{k}={identity[k]!r}" for k in differ)
+                # the same weights read in another dtype also change the fingerprint
+                written_dtype = described.get("verifier_dtype")
+                hint = (
+                    f"; or read the verifier as the store was written: --model.init_args.verifier_dtype "
+                    f"{written_dtype}"
+                    if written_dtype
+                    and "verifier_dtype" in differ
+                    and set(differ) <= {"verifier_dtype", "fingerprint"}
+                    else ""
+                )
                 raise FeatureStoreError(
-                    f"the feature store {os.fspath(self.root)} holds {have}, and this run reads {identity}; "
-                    f"give this run another feature_store directory (or delete that one)"
+                    f"the feature store {os.fspath(self.root)} holds {have}, and this run reads {want}; "
+                    f"give this run another feature_store directory (or delete that one){hint}"
                 )
 
     def _description(self) -> dict | None:

@@ -90,7 +90,7 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
     def feature_store(self) -> FeatureStore | None:
         """The run's :class:`~specdiff_lightning.feature_store.FeatureStore` (``feature_store``
         hyper-parameter), opened once with this verifier's identity: its spec, a fingerprint of its
-        embeddings, the feature layers and where the greedy tokens come from."""
+        embeddings, the dtype it reads in, the feature layers and where the greedy tokens come from."""
         root = self.hparams.get("feature_store")
         if not root:
             return None
@@ -99,6 +99,7 @@ class VerifierFeatureTraining(SharedEmbeddingDrafterTraining):
             identity = {
                 "verifier": str(self.hparams.verifier),
                 "fingerprint": f"{float(embeddings.double().sum()):.10g}",
+                "verifier_dtype": str(embeddings.dtype).removeprefix("torch."),
                 "layers": [int(i) for i in self.drafter.feature_layers],
                 "targets": self.hparams.targets,
             }
