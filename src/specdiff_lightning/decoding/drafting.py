@@ -167,6 +167,12 @@ def head_logits(
     return vocab.logits(head, rows)
 
 
+def _check_size(size: int, vocab_size: int) -> None:
+    """A clear error for a ``head_vocab`` outside ``[1, vocab_size]``."""
+    if not 1 <= int(size) <= vocab_size:
+        raise ValueError(f"head_vocab={size} must lie in [1, {vocab_size}] (the vocabulary)")
+
+
 class DraftVocabulary:
     """The token ids a drafter's head scores when decoding (EAGLE-3's draft vocabulary): the others
     get -inf, so the drafter never proposes them and its head costs ``len(ids) / V`` of the full one.
@@ -195,16 +201,14 @@ class DraftVocabulary:
     @classmethod
     def first(cls, size: int, vocab_size: int) -> DraftVocabulary:
         """Ids ``[0, size)``."""
-        if not 1 <= int(size) <= vocab_size:
-            raise ValueError(f"head_vocab={size} must lie in [1, {vocab_size}] (the vocabulary)")
+        _check_size(size, vocab_size)
         return cls(torch.arange(int(size)), vocab_size)
 
     @classmethod
     def top(cls, ranking: list[int] | torch.Tensor, size: int, vocab_size: int) -> DraftVocabulary:
         """The ``size`` first ids of ``ranking`` (most frequent first); where the ranking is shorter
         (tokens never seen), the remaining ids in id order."""
-        if not 1 <= int(size) <= vocab_size:
-            raise ValueError(f"head_vocab={size} must lie in [1, {vocab_size}] (the vocabulary)")
+        _check_size(size, vocab_size)
         ranked = [int(i) for i in ranking][: int(size)]
         if len(ranked) < size:
             taken = set(ranked)

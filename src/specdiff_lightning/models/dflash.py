@@ -122,17 +122,16 @@ class DFlashDrafter(Drafter):
         self.block_size = int(config.block_size)
         self.mask_token_id = int(config.mask_token_id)
         self.vocab_size = int(self.head.weight.shape[0])
-        if head_vocab is not None and not 1 <= int(head_vocab) <= self.vocab_size:
-            raise ValueError(f"head_vocab={head_vocab} must lie in [1, {self.vocab_size}] (the vocabulary)")
         self.head_vocab = None if head_vocab is None else int(head_vocab)
         self.vocab_ranking = None if vocab_ranking is None else [int(i) for i in vocab_ranking]
         self.draft_vocab: DraftVocabulary | None = None
-        if self.head_vocab is not None and self.head_vocab < self.vocab_size:
-            self.draft_vocab = (
+        if self.head_vocab is not None:  # DraftVocabulary checks the size against the vocabulary
+            vocab = (
                 DraftVocabulary.first(self.head_vocab, self.vocab_size)
                 if self.vocab_ranking is None
                 else DraftVocabulary.top(self.vocab_ranking, self.head_vocab, self.vocab_size)
             )
+            self.draft_vocab = vocab if len(vocab) < self.vocab_size else None  # all ids: the plain head
         self.compiled = False
         self.reset()
 
