@@ -37,6 +37,7 @@ def test_stops_at_the_verifiers_generation_config_eos_by_default():
         assert out.stats.new_tokens == ref.shape[1] - ids.shape[1]
     plain = verifier_generate(verifier, ids, max_new_tokens=24, temperature=0)
     assert torch.equal(plain.sequences, ref)
+    assert not plain.sequences.is_inference() and not out.sequences.is_inference()  # writable by the caller
     # eos_token_id=[] decodes the full budget
     full = speculative_generate(
         verifier, drafter, ids, max_new_tokens=24, gamma=4, temperature=0, eos_token_id=[]

@@ -209,6 +209,10 @@ def test_a_ranked_draft_vocabulary_travels_with_the_drafter_and_drafts_only_its_
     ranked.reset()
     out = speculative_generate(verifier, ranked, ids, max_new_tokens=16, gamma=4, temperature=0, tree=None)
     assert torch.equal(out.sequences, reference_greedy(verifier, ids, 16))
+    # the eager loop runs under inference_mode; what it returns and what it keeps are plain tensors
+    # (writable; usable by a later compiled decode or a training step)
+    assert not out.sequences.is_inference() and not ranked.draft_vocab._rows(ranked.head)[0].is_inference()
+    out.sequences[0, 0] = 1
     # the z-lab layout carries it too; a head wider than the ranking takes the other ids in order
     ranked.save_pretrained(tmp_path / "z", layout="zlab")
     wide = DFlashDrafter.from_pretrained(tmp_path / "z", verifier=verifier, head_vocab=14)

@@ -226,9 +226,11 @@ class DraftVocabulary:
         # the gathered rows are a copy, made once and remade when the head's weight changes
         stamp = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
         if self._weights is None or self._weights[0] != stamp:
-            ids = self.ids.to(weight.device)
-            bias = None if head.bias is None else head.bias.detach()[ids]
-            self._weights = (stamp, weight.detach()[ids].contiguous(), bias)
+            # made outside inference mode: an eager decode's copy serves later compiled ones too
+            with torch.inference_mode(False), torch.no_grad():
+                ids = self.ids.to(weight.device)
+                bias = None if head.bias is None else head.bias.detach()[ids]
+                self._weights = (stamp, weight.detach()[ids].contiguous(), bias)
         return self._weights[1], self._weights[2]
 
     def logits(self, head: nn.Linear, rows: torch.Tensor) -> torch.Tensor:

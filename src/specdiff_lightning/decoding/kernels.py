@@ -106,7 +106,8 @@ def _packed_weight(module: nn.Linear) -> torch.Tensor:
     stamp = (weight.dtype, weight.data_ptr(), weight._version)
     entry = _PACKED.get(module)
     if entry is None or entry[1] != stamp:
-        entry = (torch.ops.mkldnn._reorder_linear_weight(weight.detach()), stamp)
+        with torch.inference_mode(False):  # kept across calls, whichever mode made it (decoding_mode)
+            entry = (torch.ops.mkldnn._reorder_linear_weight(weight.detach()), stamp)
         _PACKED[module] = entry
     return entry[0]
 
