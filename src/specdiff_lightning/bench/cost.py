@@ -90,7 +90,7 @@ def _with_prefix_cache(drafter: DiffusionDrafter, on: bool) -> DiffusionDrafter:
     return copied
 
 
-@torch.no_grad()
+@torch.inference_mode()  # as the eager loop's rounds run (decoding.verifier.decoding_mode)
 def drafter_cost_curve(
     verifier,
     drafter: Drafter,

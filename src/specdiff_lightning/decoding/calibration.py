@@ -196,7 +196,6 @@ def _forward(state, n: int, gen: torch.Generator) -> float:
     return elapsed
 
 
-@torch.no_grad()
 def measure_cost_model(
     model: nn.Module,
     nodes: tuple[int, ...] = DEFAULT_NODES,
@@ -212,6 +211,13 @@ def measure_cost_model(
     forward :data:`COMPILED_CONTEXTS` (within the static cache the decodes use).
 
     Random token ids stand in for text: the cost depends on shapes, not on which tokens."""
+    from .verifier import decoding_mode
+
+    with decoding_mode(compiled):  # the mode the loop's forwards run in
+        return _measure_cost_model(model, nodes, contexts, repeats, seed, compiled)
+
+
+def _measure_cost_model(model, nodes, contexts, repeats, seed, compiled) -> CostModel:
     from .compiled import StaticTreeVerifier
     from .verifier import TreeVerifier
 

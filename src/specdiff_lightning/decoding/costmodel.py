@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass, field
 __all__ = ["CostModel", "isotonic", "COST_MODEL_VERSION"]
 
 #: bumped whenever what a cost model holds or how it is measured changes: older files are stale
-#: (3: timed through the loop's verifier state, keyed by its forward, eager or compiled)
-COST_MODEL_VERSION = 3
+#: (3: timed through the loop's verifier state, keyed by its forward, eager or compiled; 4: eager
+#: forwards timed under inference_mode, as the loop runs them)
+COST_MODEL_VERSION = 4
 
 
 def isotonic(values: list[float]) -> list[float]:

@@ -19,7 +19,7 @@ from .stats import DecodingStats, GenerationOutput, RoundStats
 from .timing import RoundProfiler
 from .tree import build_tree, tree_probs
 from .validation import check_context, check_prompt, check_sampling, check_verifier_dtypes, check_vocab
-from .verifier import TreeVerifier
+from .verifier import TreeVerifier, decoding_mode
 
 __all__ = ["speculative_generate", "verifier_generate", "check_tree", "TREE_CHOICES"]
 
@@ -66,16 +66,6 @@ def _check_compile(compile) -> bool:
             f"compile must be True (a compiled forward over a static cache) or False (eager), got {compile!r}"
         )
     return compile
-
-
-def decoding_mode(compile: bool):
-    """The autograd mode a decode runs in. Eager: ``torch.inference_mode``, which skips the version
-    counters and view tracking ``no_grad`` keeps; a SmolLM2 forward of 4 new tokens took 49.8 ms
-    against 53.5 under ``no_grad`` (one thread, AMD EPYC Zen 4), about 1,500 small ops a forward.
-    Compiled: ``no_grad``, the mode its graphs were traced and warmed in (a mode change is a guard
-    failure: the graphs would compile again). State kept across calls (packed weights, a draft
-    vocabulary's head rows) is made outside inference mode, so either mode can use it."""
-    return torch.no_grad() if compile else torch.inference_mode()
 
 
 #: the values of ``speculative_generate(tree=...)``
