@@ -82,6 +82,26 @@ def test_cost_model_is_measured_once_cached_and_rebuilt_when_stale_or_corrupt(tm
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
+def test_the_machine_names_its_cpu_family_and_model(tmp_path, monkeypatch):
+    """Two CPUs a VM names alike ("AMD EPYC": a Zen 1 and a Zen 4) never share a cost model."""
+    from specdiff_lightning.decoding import calibration
+
+    info = "model name\t: AMD EPYC\ncpu family\t: 25\nmodel\t\t: 17\nflags\t\t: fpu avx2 avx512f\n"
+    (tmp_path / "cpuinfo").write_text(info * 2)  # one block per core
+    real = calibration.Path
+
+    def fake_path(p):
+        return real(tmp_path / "cpuinfo") if str(p) == "/proc/cpuinfo" else real(p)
+
+    monkeypatch.setattr(calibration, "Path", fake_path)
+    calibration._cpuinfo.cache_clear()
+    try:
+        name, flags = calibration._cpuinfo()
+    finally:
+        calibration._cpuinfo.cache_clear()
+    assert name == "AMD EPYC (family 25 model 17)" and {"avx2", "avx512f"} <= flags
+
+
 def test_a_measured_cost_model_is_positive_and_non_decreasing():
     model = tiny_model("qwen2", vocab_size=32, hidden_size=16, num_layers=1)
     cost = measure_cost_model(model, nodes=(1, 2, 8), contexts=(4, 16), repeats=2)

@@ -76,19 +76,25 @@ _MEMO: dict[str, CostModel] = {}
 
 @functools.lru_cache(maxsize=1)
 def _cpuinfo() -> tuple[str, frozenset[str]]:
-    """The CPU's model name and flags (read once: every cost-model look-up keys on them)."""
+    """The CPU's model name (with its x86 family and model numbers: a VM may name a Zen 1 and a
+    Zen 4 both "AMD EPYC") and flags (read once: every cost-model look-up keys on them)."""
     model, flags = platform.processor() or platform.machine(), set()
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return model, frozenset(flags)
+    numbers: dict[str, str] = {}
     for line in text.splitlines():
         name, _, value = line.partition(":")
         name = name.strip()
         if name == "model name" and value.strip():
             model = value.strip()
+        elif name in ("cpu family", "model") and value.strip():
+            numbers.setdefault(name, value.strip())
         elif name in ("flags", "Features") and not flags:
             flags = set(value.split())
+    if len(numbers) == 2:
+        model = f"{model} (family {numbers['cpu family']} model {numbers['model']})"
     return model, frozenset(flags)
 
 
