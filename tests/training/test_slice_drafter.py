@@ -1,5 +1,6 @@
 """Training drafters sliced from the verifier: block-diffusion adaptation, streak-distillation, AR."""
 
+import lightning as L
 import pytest
 import torch
 
@@ -99,3 +100,33 @@ def test_export_is_shareable_and_loads_through_load_drafter(tmp_path, objective)
         verifier, drafter, ids, max_new_tokens=10, gamma=4, temperature=0, eos_token_id=[]
     )
     assert torch.equal(out.sequences, reference_greedy(verifier, ids, 10))
+
+
+class _StopAfter(L.Callback):
+    """Ends a fit after ``steps`` steps, as max_time would."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        trainer.should_stop = trainer.global_step >= self.steps
+
+
+def test_a_run_stopped_before_its_cosine_has_decayed_says_so(tmp_path, recwarn):
+    """The learning rate decays over max_steps: a run that stops early (max_time) exports weights
+    taken at a high rate, which is warned about naming the step, the rate and the fix; a run that
+    reaches max_steps is not."""
+    corpus = _corpus(tmp_path / "corpus.jsonl")
+
+    def module():
+        return SliceDrafterTraining(
+            verifier=TINY, num_layers=1, gamma=4, blocks=4, mask_token_id=63, warmup_steps=1
+        )
+
+    with pytest.warns(
+        UserWarning, match=r"stopped at step 2 of max_steps 100 .*not annealed.*--trainer.max_steps"
+    ):
+        fit_briefly(module(), corpus, tmp_path, max_steps=100, callbacks=[_StopAfter(2)], limit_val_batches=0)
+    recwarn.clear()
+    fit_briefly(module(), corpus, tmp_path, max_steps=3, limit_val_batches=0)
+    assert not [w for w in recwarn if "not annealed" in str(w.message)]

@@ -17,6 +17,7 @@ from abc import ABCMeta, abstractmethod
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 
 from ..constants import IGNORE_INDEX
 from ..models.diffusion import DiffusionDrafter
@@ -108,12 +109,30 @@ class SharedEmbeddingDrafterTraining(L.LightningModule, metaclass=ABCMeta):
         return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.warmup_steps, total)
 
     def on_train_end(self) -> None:
+        self._warn_if_not_annealed()
         if self.hparams.export_dir and self.trainer.is_global_zero:
             replaced = export_exists(self.hparams.export_dir)
             self.export(self.hparams.export_dir, getattr(torch, self.hparams.export_dtype))
             print(
                 f"drafter written to {self.hparams.export_dir}"
                 + (" (replacing its export)" if replaced else "")
+            )
+
+    def _warn_if_not_annealed(self) -> None:
+        """The cosine runs over ``max_steps``: a run that ``max_time`` (or a stop) ends early exports
+        weights taken at a high learning rate, which a later session found worse than the weights it
+        started from. Say so, with the step, the rate and the fix."""
+        trainer = self.trainer
+        if trainer.max_steps <= 0 or trainer.global_step >= trainer.max_steps or not trainer.optimizers:
+            return
+        lr = trainer.optimizers[0].param_groups[0]["lr"]
+        if lr > 0.5 * self.hparams.lr:
+            rank_zero_warn(
+                f"training stopped at step {trainer.global_step} of max_steps {trainer.max_steps} "
+                f"(max_time or an interruption) with the learning rate at {lr:.3g}, "
+                f"{lr / self.hparams.lr:.0%} of its peak: the cosine schedule decays over max_steps, "
+                "so these weights were not annealed. Set --trainer.max_steps to the steps that fit in "
+                "max_time, or resume with --ckpt_path and a smaller --trainer.max_steps."
             )
 
 
