@@ -29,6 +29,18 @@ def test_block_starts_and_targets_stay_inside_the_continuation():
     assert targets[2, 0].tolist() == [18, 19, IGNORE_INDEX, IGNORE_INDEX]
 
 
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU (the batch on it, the generator on the CPU)"
+)
+def test_block_starts_of_a_gpu_batch_come_from_the_modules_cpu_generator():
+    # A training module's generator lives on the CPU while Lightning moves its batches to the GPU;
+    # drawing on the batch's device with it fails, and a seed must give the same anchors anywhere.
+    cont, lengths = torch.tensor([0, 5, 3]), torch.tensor([4, 9, 20])
+    on_cpu = sample_block_starts(cont, lengths, 50, torch.Generator().manual_seed(0))
+    on_gpu = sample_block_starts(cont.cuda(), lengths.cuda(), 50, torch.Generator().manual_seed(0))
+    assert on_gpu.device.type == "cuda" and torch.equal(on_gpu.cpu(), on_cpu)
+
+
 @pytest.mark.parametrize("objective", ["masked_ce", "streak", "ar"])
 def test_fit_export_reload_and_decode_losslessly(tmp_path, objective):
     corpus = _corpus(tmp_path / "corpus.jsonl")
@@ -130,3 +142,13 @@ def test_a_run_stopped_before_its_cosine_has_decayed_says_so(tmp_path, recwarn):
     recwarn.clear()
     fit_briefly(module(), corpus, tmp_path, max_steps=3, limit_val_batches=0)
     assert not [w for w in recwarn if "not annealed" in str(w.message)]
+
+
+def test_a_run_logs_the_seconds_a_step_takes(tmp_path):
+    """train/batch_s and train/elapsed_s are what size max_steps to a time budget (the GPU session's
+    probe reads the slope of elapsed_s): positive, and elapsed_s grows by the batches' times."""
+    module = SliceDrafterTraining(verifier=TINY, num_layers=1, gamma=4, blocks=4, mask_token_id=63)
+    fit_briefly(module, _corpus(tmp_path / "corpus.jsonl"), tmp_path, max_steps=3, limit_val_batches=0)
+    metrics = module.trainer.callback_metrics
+    assert float(metrics["train/batch_s"]) > 0
+    assert float(metrics["train/elapsed_s"]) >= float(metrics["train/batch_s"])

@@ -12,6 +12,7 @@ tensors, so checkpoints and exports hold only the N layers and the final norm.
 
 from __future__ import annotations
 
+import time
 from abc import ABCMeta, abstractmethod
 
 import lightning as L
@@ -41,10 +42,13 @@ OBJECTIVES = ("masked_ce", "streak", "ar")
 def sample_block_starts(
     cont_start: torch.Tensor, lengths: torch.Tensor, blocks: int, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """``LongTensor[B, M]`` block starts uniform in ``[max(cont_start, 1), length - 1]`` per row."""
+    """``LongTensor[B, M]`` block starts uniform in ``[max(cont_start, 1), length - 1]`` per row, on
+    ``cont_start``'s device. The draws come from ``generator``'s device (a module's CPU generator
+    while the batch is on a GPU), so a seed gives the same starts on every device."""
     low = cont_start.clamp_min(1).float()
     span = (lengths - 1 - low.long()).clamp_min(0).float() + 1
-    u = torch.rand(cont_start.shape[0], blocks, generator=generator, device=cont_start.device)
+    home = generator.device if generator is not None else cont_start.device
+    u = torch.rand(cont_start.shape[0], blocks, generator=generator, device=home).to(cont_start.device)
     return (low[:, None] + (u * span[:, None]).floor()).long()
 
 
@@ -97,6 +101,18 @@ class SharedEmbeddingDrafterTraining(L.LightningModule, metaclass=ABCMeta):
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/streak", streak.float().mean(), prog_bar=True)
         return loss
+
+    def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
+        # What sizes max_steps to a time budget (see _warn_if_not_annealed): train/batch_s, wall
+        # seconds from one batch's end to the next's (data loading included), and train/elapsed_s
+        # since the run's first batch ended. On a GPU a batch's end is when its kernels were queued,
+        # not run: there the slope of elapsed_s between logged steps is the honest rate.
+        now = time.perf_counter()
+        last, self._last_batch_end = getattr(self, "_last_batch_end", None), now
+        if last is not None:
+            self._first_batch_end = getattr(self, "_first_batch_end", last)
+            self.log("train/batch_s", now - last)
+            self.log("train/elapsed_s", now - self._first_batch_end)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         loss, streak = self._loss(batch)
