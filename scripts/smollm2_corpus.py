@@ -9,6 +9,16 @@ are length-sorted within groups of 8 batches (less padding), B rows per forward.
     python scripts/smollm2_corpus.py --out runs/smollm2/corpus.jsonl --limit 1500 --max_new_tokens 192
     python scripts/smollm2_corpus.py --out runs/smollm2/corpus_1m.jsonl --pool packages --limit 9000 \
         --max_new_tokens 160 --batch_size 32
+
+More prompts than one machine's packages hold, decoded where the verifier is fast (a GPU): write the
+pool here (``--write_prompts``, with more ``--packages`` and without the prompts an existing corpus
+already answered, ``--skip_corpus``), then decode it there (``--prompts``, ``--device cuda``), for at
+most ``--max_seconds``:
+
+    python scripts/smollm2_corpus.py --pool packages --packages torch,numpy,scipy \
+        --skip_corpus assets/smollm2/corpus_dflash_1m.parquet --limit 100000 --write_prompts prompts.jsonl
+    python scripts/smollm2_corpus.py --prompts prompts.jsonl --out corpus_gpu.jsonl --device cuda \
+        --batch_size 384 --max_new_tokens 160 --max_seconds 150
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdiff_lightning.data.benchmarks import code_completion_prompt
-from specdiff_lightning.data.function_prompts import function_prompts, humaneval_disjoint
+from specdiff_lightning.data.function_prompts import PACKAGES, function_prompts, humaneval_disjoint
 from specdiff_lightning.data.stdlib import _function_prompts, is_heldout, stdlib_files
 from specdiff_lightning.models.smollm2 import smollm2_dir
 
@@ -43,6 +53,29 @@ def prompts(limit: int, max_chars: int) -> list[dict]:
     return out[:limit]
 
 
+def _chat_ids(tok, prompts: list[dict]) -> list[list[int]]:
+    """The chat-formatted prompt ids the corpus records hold (the HumanEval loader's format)."""
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": code_completion_prompt(p["prompt"])}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for p in prompts
+    ]
+    return tok(texts, add_special_tokens=False).input_ids
+
+
+def _answered(tok, pool: list[dict], corpus: str) -> list[dict]:
+    """``pool`` less the prompts ``corpus`` already answered, compared by their prompt ids (record ids
+    carry line numbers, which move between package versions)."""
+    from specdiff_lightning.data.records import expand_files, iter_records
+
+    seen = {tuple(r["prompt_ids"]) for r in iter_records(expand_files(corpus))}
+    ids = _chat_ids(tok, pool)
+    return [p for p, i in zip(pool, ids, strict=True) if tuple(i) not in seen]
+
+
 def _done_ids(out: Path) -> set[str]:
     """Ids already written; a last line cut by a kill is truncated away (it is regenerated)."""
     if not out.exists():
@@ -57,7 +90,7 @@ def _done_ids(out: Path) -> set[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="the corpus JSONL to append to")
     ap.add_argument("--limit", type=int, default=1500)
     ap.add_argument("--max_new_tokens", type=int, default=192)
     ap.add_argument("--batch_size", type=int, default=16)
@@ -69,21 +102,41 @@ def main() -> None:
         help="stdlib: the standard library's training modules (the first corpus); packages: those plus installed "
         "packages' functions, filtered against HumanEval",
     )
+    ap.add_argument("--packages", help="comma-separated packages for --pool packages (default: PACKAGES)")
+    ap.add_argument("--skip_corpus", help="drop the prompts this corpus (file or glob) already answered")
+    ap.add_argument("--write_prompts", help="write the pool as JSONL {id, prompt} here and stop")
+    ap.add_argument("--prompts", help="decode this JSONL {id, prompt} instead of building a pool")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--max_seconds", type=float, help="stop after the batch that passes this many seconds")
     args = ap.parse_args()
+    if not (args.out or args.write_prompts):
+        ap.error("give --out (decode) or --write_prompts (only the pool)")
     torch.manual_seed(0)
     directory = smollm2_dir()
     tok = AutoTokenizer.from_pretrained(directory)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).eval()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done = _done_ids(out)
-    if args.pool == "packages":
-        pool, report = humaneval_disjoint(function_prompts(max_chars=args.max_chars))
+    if args.prompts:
+        pool = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+        pool = pool[: args.limit]
+    elif args.pool == "packages":
+        packages = tuple(args.packages.split(",")) if args.packages else PACKAGES
+        pool, report = humaneval_disjoint(function_prompts(packages, max_chars=args.max_chars))
         print(f"prompt pool: {report}", flush=True)
+        if args.skip_corpus:
+            pool = _answered(tok, pool, args.skip_corpus)
+            print(f"{len(pool)} prompts not in {args.skip_corpus}", flush=True)
         pool = pool[: args.limit]
     else:
         pool = prompts(args.limit, args.max_chars)
+    if args.write_prompts:
+        with open(args.write_prompts, "w") as f:
+            f.writelines(json.dumps({"id": p["id"], "prompt": p["prompt"]}) + "\n" for p in pool)
+        print(f"{len(pool)} prompts written to {args.write_prompts}")
+        return
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).to(args.device).eval()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = _done_ids(out)
     group = 8 * args.batch_size  # length-sorted within groups: less padding, order still spread over modules
     pool = [
         p
@@ -96,17 +149,12 @@ def main() -> None:
     with open(out, "a") as f:
         for i in range(0, len(todo), args.batch_size):
             batch = todo[i : i + args.batch_size]
-            texts = [
-                tok.apply_chat_template(
-                    [{"role": "user", "content": code_completion_prompt(p["prompt"])}],
-                    tokenize=False,
-                    add_generation_prompt=True,
-                )
-                for p in batch
-            ]
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = tok.pad({"input_ids": _chat_ids(tok, batch)}, return_tensors="pt")
             with torch.no_grad():
-                gen = model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False)
+                gen = model.generate(
+                    **enc.to(args.device), max_new_tokens=args.max_new_tokens, do_sample=False
+                ).cpu()
+            enc = enc.to("cpu")
             for j, p in enumerate(batch):
                 prompt_ids = enc.input_ids[j][enc.attention_mask[j].bool()].tolist()
                 cont = gen[j, enc.input_ids.shape[1] :].tolist()
@@ -118,6 +166,11 @@ def main() -> None:
             f.flush()
             n = i + len(batch)
             print(f"{n}/{len(todo)} records, {time.time() - start:.0f} s", flush=True)
+            if args.max_seconds is not None and time.time() - start > args.max_seconds:
+                print(
+                    f"stopping after {time.time() - start:.0f} s (--max_seconds): rerun to go on", flush=True
+                )
+                break
 
 
 if __name__ == "__main__":

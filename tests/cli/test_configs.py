@@ -73,9 +73,30 @@ def _shrink(config: dict) -> dict:
     return config
 
 
+def _merged(base: dict, layer: dict) -> dict:
+    """``layer`` over ``base`` as ``--config base --config layer`` merges them: mappings key by key,
+    anything else (lists too) replaced."""
+    out = copy.deepcopy(base)
+    for key, value in layer.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else copy.deepcopy(value)
+    return out
+
+
+def _load(path) -> dict:
+    """A config, or a layer (no model class: ``drafter_dflash_gpu.yaml``) over the base its name
+    extends (``drafter_dflash.yaml``)."""
+    config = yaml.safe_load(path.read_text())
+    if "class_path" not in config["model"]:
+        base = path.with_name(path.stem.rpartition("_")[0] + ".yaml")
+        assert base.is_file(), f"{path.name} has no model class and no base config {base.name}"
+        config = _merged(_load(base), config)
+    return config
+
+
 @pytest.mark.parametrize("path", MODEL_CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
 def test_config_instantiates_with_tiny_models(path):
-    config = _shrink(yaml.safe_load(path.read_text()))
+    config = _shrink(_load(path))
     config.pop("seed_everything", None)
     bench_params = inspect.signature(SpecDiffTrainer.bench).parameters
     for key in [k for k in config if k not in ("model", "data", "trainer")]:
