@@ -138,6 +138,19 @@ def fit_briefly(module, corpus, tmp_path, max_steps: int, **trainer) -> None:
     )
 
 
+def config_base(path):
+    """The recipe a config layer extends (``drafter_dflash_gpu.yaml`` -> ``drafter_dflash.yaml``), or
+    None for a whole config. A layer has a ``model`` section without a ``class_path``; it is used as
+    ``--config base --config layer``."""
+    import yaml
+
+    if "class_path" in (yaml.safe_load(path.read_text()).get("model") or {}):
+        return None
+    base = path.with_name(path.stem.rpartition("_")[0] + ".yaml")
+    assert base.is_file(), f"{path.name} has no model class and no base config {base.name}"
+    return base
+
+
 def tree_for(acceptance) -> str | None:
     """``speculative_generate``'s ``tree=``: auto-sized for greedy acceptance; the drafts as drawn
     for rules that read q (they cannot verify drafts chosen knowing the marginals)."""

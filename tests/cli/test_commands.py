@@ -9,9 +9,8 @@ from pathlib import Path
 import lightning.pytorch  # noqa: F401  (imported at collection: its log handler then binds to pytest's
 import pytest  # session stream, not to the first test's capsys stream, closed when that test ends)
 import torch
-import yaml
 
-from helpers import random_sequence_corpus
+from helpers import config_base, random_sequence_corpus
 from specdiff_lightning.cli import main
 
 ROOT = Path(__file__).parents[2]
@@ -27,9 +26,8 @@ def _tiny_slice_recipe(config: Path) -> list[str]:
     and nothing from runs/ or assets/: the same module, data module and trainer settings."""
     args = ["--config", str(config), "--model.init_args.verifier", "tiny-llama"]
     text = config.read_text()
-    if "class_path" not in (yaml.safe_load(text).get("model") or {}):
-        # a layer (drafter_dflash_gpu.yaml) goes on top of the recipe its name extends
-        base = config.with_name(config.stem.rpartition("_")[0] + ".yaml")
+    base = config_base(config)
+    if base is not None:  # a layer (drafter_dflash_gpu.yaml) goes on top of the recipe it extends
         args = ["--config", str(base), *args]
         text = base.read_text() + text
     if "accelerator: gpu" in text:  # a GPU recipe's keys, checked on this machine's CPU

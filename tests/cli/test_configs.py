@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import config_base
 from specdiff_lightning.cli.lightning_cli import SpecDiffCLI
 from specdiff_lightning.models import DRAFTER_FAMILIES
 from specdiff_lightning.trainer import SpecDiffTrainer
@@ -84,14 +85,10 @@ def _merged(base: dict, layer: dict) -> dict:
 
 
 def _load(path) -> dict:
-    """A config, or a layer (no model class: ``drafter_dflash_gpu.yaml``) over the base its name
-    extends (``drafter_dflash.yaml``)."""
+    """A config, or a layer (``drafter_dflash_gpu.yaml``) merged over the recipe it extends."""
     config = yaml.safe_load(path.read_text())
-    if "class_path" not in config["model"]:
-        base = path.with_name(path.stem.rpartition("_")[0] + ".yaml")
-        assert base.is_file(), f"{path.name} has no model class and no base config {base.name}"
-        config = _merged(_load(base), config)
-    return config
+    base = config_base(path)
+    return config if base is None else _merged(_load(base), config)
 
 
 @pytest.mark.parametrize("path", MODEL_CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
