@@ -28,7 +28,9 @@
 #                   INIT_FROM=/tmp/xfer/drafter_init BASE_CORPUS=/tmp/xfer/corpus_1m.parquet:
 #                   a probe measures the seconds a step takes (the slope of train/elapsed_s), then
 #                   one fit whose max_steps fits the rest of SECONDS (so the cosine anneals) on the
-#                   shipped corpus + the new one; the export comes back split under 16 MiB
+#                   shipped corpus + the new one (GPU_CORPUS: another file, e.g. a carried copy of
+#                   assets/smollm2/corpus_dflash_gpu.parquet, which skips the corpus stage); the
+#                   export comes back split under 16 MiB
 #                   (cat model.safetensors.part* > model.safetensors)
 #
 # Evaluate what comes back on the CPU (drafter_dflash.yaml's validate command, HumanEval's chain)
@@ -101,7 +103,7 @@ fit() {  # fit NAME MAX_STEPS MAX_SECONDS EXTRA...
         --config configs/smollm2/drafter_dflash_gpu.yaml \
         --model.init_args.init_from "${INIT_FROM:-assets/smollm2/drafter_dflash}" \
         --model.init_args.seed "$SEED" --data.init_args.shuffle_seed "$SEED" \
-        --data.init_args.data_files "[${BASE_CORPUS:-assets/smollm2/corpus_dflash_1m.parquet}, $X/corpus_gpu.parquet]" \
+        --data.init_args.data_files "[${BASE_CORPUS:-assets/smollm2/corpus_dflash_1m.parquet}, ${GPU_CORPUS:-$X/corpus_gpu.parquet}]" \
         --model.init_args.export_dir "$X/$name" --model.init_args.overwrite_export true \
         --trainer.max_steps "$steps" --trainer.max_time "$(printf "00:00:%02d:%02d" $((seconds / 60)) $((seconds % 60)))" \
         --trainer.default_root_dir "$X/${name}_fit" --trainer.logger.init_args.save_dir "$X/${name}_fit" ${FIT_EXTRA:-} "$@"
