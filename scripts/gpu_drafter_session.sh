@@ -89,10 +89,9 @@ schema = pa.schema([("id", pa.string()), ("prompt_ids", pa.list_(pa.int32())),
                     ("continuation_ids", pa.list_(pa.int32()))])
 table = pa.Table.from_pylist(rows, schema=schema)
 pq.write_table(table, f"{X}/corpus_gpu.parquet")
-os.makedirs(os.environ["OUT"], exist_ok=True)
-pq.write_table(table, os.path.join(os.environ["OUT"], "corpus_gpu.parquet"))
 print(len(rows), "records,", sum(len(r["continuation_ids"]) for r in rows), "answer tokens")
 EOF
+    cp "$X/corpus_gpu.parquet" "$OUT/"
     $PY -m pytest -q -p no:cacheprovider tests/training/test_slice_drafter.py -k gpu 2>&1 | tail -n 3 || true
 }
 

@@ -35,6 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from specdiff_lightning.data.benchmarks import code_completion_prompt
 from specdiff_lightning.data.function_prompts import PACKAGES, function_prompts, humaneval_disjoint
 from specdiff_lightning.data.stdlib import _function_prompts, is_heldout, stdlib_files
+from specdiff_lightning.data.tokenization import encode_prompt
 from specdiff_lightning.models.smollm2 import smollm2_dir
 
 
@@ -55,15 +56,7 @@ def prompts(limit: int, max_chars: int) -> list[dict]:
 
 def _chat_ids(tok, prompts: list[dict]) -> list[list[int]]:
     """The chat-formatted prompt ids the corpus records hold (the HumanEval loader's format)."""
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": code_completion_prompt(p["prompt"])}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for p in prompts
-    ]
-    return tok(texts, add_special_tokens=False).input_ids
+    return [encode_prompt(tok, code_completion_prompt(p["prompt"])) for p in prompts]
 
 
 def _answered(tok, pool: list[dict], corpus: str) -> list[dict]:
