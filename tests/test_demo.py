@@ -215,9 +215,10 @@ def test_the_speed_targets_divide_by_the_fastest_plain_decoding_of_any_kind():
 
 
 def test_never_slower_reads_the_row_load_pair_runs_at_its_defaults():
-    """Issue 17's "never slower" is about ``load_pair(...).generate`` at its defaults (eager, the
-    machine's dtype), not the fastest row: the target reads the eager ``tree: auto`` + corpus row in
-    the run's fast dtype, and that row decodes with the shipped pair's settings."""
+    """Issue 17's "never slower" is about ``load_pair(...).generate`` at its defaults, not the
+    fastest row: the target reads the ``tree: auto`` + corpus row in the run's fast dtype, compiled
+    where the run records that ``compile="auto"`` compiles (``pair_defaults``), eager in a report
+    from before that record; and that row decodes with the shipped pair's settings."""
     from specdiff_lightning.bench.targets import check_targets
     from specdiff_lightning.decoding.config import DecodingConfig
     from specdiff_lightning.demo.smollm2 import SMOL_PRESETS, smollm2_methods, smollm2_targets
@@ -235,16 +236,36 @@ def test_never_slower_reads_the_row_load_pair_runs_at_its_defaults():
             row("specdiff2_dflash_auto_store_compiled_bf16", "specdiff2", 100.0),
         ],
     }
-    (result,) = check_targets(report, smollm2_targets(4, {"cpu_flags": []})[1:2])[1]
+    target = smollm2_targets(4, {"cpu_flags": []})[1:2]
+    (result,) = check_targets(report, target)[1]
     assert result["value"][1] == "specdiff2_dflash_auto_store_bf16" and result["figure"] == 49.0 / 50.0
     assert result["met"]
+    for compiles, key in (
+        (True, "specdiff2_dflash_auto_store_compiled_bf16"),
+        (False, "specdiff2_dflash_auto_store_bf16"),
+    ):
+        (result,) = check_targets({**report, "pair_defaults": {"compile": compiles}}, target)[1]
+        assert result["value"][1] == key
 
     p = SMOL_PRESETS["smollm2"]
     spec = SHIPPED_PAIRS["smollm2-135m-instruct"]
-    (method,) = [m for m in smollm2_methods(p) if m.key == "specdiff2_dflash_auto_store_bf16"]
-    bench_cfg = DecodingConfig(max_new_tokens=p.max_new_tokens, gamma=p.gamma, **method.decoding)
-    pair_cfg = DecodingConfig(max_new_tokens=p.max_new_tokens, **spec.decoding)
-    fields = ("gamma", "acceptance", "tree", "num_drafts", "draft_temperature", "lookup", "compile")
-    assert {f: getattr(bench_cfg, f) for f in fields} == {f: getattr(pair_cfg, f) for f in fields}
-    assert Path(method.decoding["datastore"]).name == Path(spec.datastore).name
+    for compiles, key in (
+        (True, "specdiff2_dflash_auto_store_compiled_bf16"),
+        (False, "specdiff2_dflash_auto_store_bf16"),
+    ):
+        (method,) = [m for m in smollm2_methods(p) if m.key == key]
+        bench_cfg = DecodingConfig(max_new_tokens=p.max_new_tokens, gamma=p.gamma, **method.decoding)
+        pair_cfg = DecodingConfig(max_new_tokens=p.max_new_tokens, **spec.decoding, compile=compiles)
+        fields = ("gamma", "acceptance", "tree", "num_drafts", "draft_temperature", "lookup", "compile")
+        assert {f: getattr(bench_cfg, f) for f in fields} == {f: getattr(pair_cfg, f) for f in fields}
+        assert Path(method.decoding["datastore"]).name == Path(spec.datastore).name
     assert p.head_vocab == spec.drafter_options["head_vocab"]
+
+
+def test_the_defaults_note_states_the_first_calls_compile():
+    from specdiff_lightning.demo.smollm2 import _defaults_note
+
+    assert "waits for the compile, 188 s in this run" in _defaults_note(
+        {"compile": True, "first_call_compile_s": 188.4}
+    )
+    assert "decode eagerly here" in _defaults_note({"compile": False, "first_call_compile_s": None})

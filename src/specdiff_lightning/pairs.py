@@ -9,16 +9,26 @@
 its measured verifier cost, so on a machine where drafting does not pay it decodes as plain
 decoding does. A pair that ships its distillation corpus offers that corpus's continuations as
 candidates too (``datastore``).
+
+``compile="auto"`` (the default) decodes through the verifier's compiled forward wherever
+``torch.compile`` can build kernels (a C++ compiler on a CPU, Triton on a GPU): plain decoding's
+fastest form is compiled, and an eager loop, whatever its trees, does not keep up with it on the
+CPUs measured (docs/results.md). The first call in a process compiles first (about two minutes on
+a 2-core CPU; :meth:`LoadedPair.warm` does it up front); ``compile=False`` decodes eagerly at once.
 """
 
 from __future__ import annotations
 
+import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 __all__ = ["PairSpec", "SHIPPED_PAIRS", "LoadedPair", "load_pair", "assets_dir"]
+
+log = logging.getLogger(__name__)
 
 
 def assets_dir() -> Path:
@@ -58,7 +68,8 @@ SHIPPED_PAIRS: dict[str, PairSpec] = {
 
 @dataclass
 class LoadedPair:
-    """A verifier, its drafter and tokenizer, in ``dtype``, ready to decode."""
+    """A verifier, its drafter and tokenizer, in ``dtype``, ready to decode (through the compiled
+    forward when ``compile``)."""
 
     name: str
     verifier: torch.nn.Module
@@ -66,6 +77,9 @@ class LoadedPair:
     tokenizer: object
     dtype: torch.dtype
     decoding: dict
+    compile: bool = False
+    #: seconds :meth:`warm` took in this process (None: not compiled yet)
+    compile_seconds: float | None = None
 
     def encode(self, prompt: str) -> torch.Tensor:
         """``LongTensor[1, L]``: ``prompt`` as a user turn through the chat template."""
@@ -77,13 +91,15 @@ class LoadedPair:
         self, input_ids: torch.Tensor | str, max_new_tokens: int = 128, temperature: float = 0.0, **overrides
     ):
         """Decode ``input_ids`` (``LongTensor[1, L]``, or a prompt string for the chat template) with
-        the recommended settings; ``overrides`` go to :func:`speculative_generate`. Returns what
-        it returns (a :class:`~specdiff_lightning.GenerationOutput`)."""
+        the recommended settings; ``overrides`` go to :func:`speculative_generate` (``compile=False``
+        decodes eagerly). Returns what it returns (a :class:`~specdiff_lightning.GenerationOutput`)."""
         from .decoding.generate import speculative_generate
 
         if isinstance(input_ids, str):
             input_ids = self.encode(input_ids)
-        kwargs = {**self.decoding, **overrides}
+        kwargs = {**self.decoding, "compile": self.compile, **overrides}
+        if kwargs["compile"] is True:
+            self.warm()
         return speculative_generate(
             self.verifier,
             self.drafter,
@@ -93,23 +109,51 @@ class LoadedPair:
             **kwargs,
         )
 
+    def warm(self) -> float:
+        """Compile the verifier's tree forward and the drafter's round now, as the first compiled
+        call would; the seconds it took (a process compiles once: later calls return at once)."""
+        from .decoding.compiled import warm_compiled
+
+        if self.compile_seconds is None:
+            log.warning(
+                "%s: compiling the verifier's forward and the drafter's round for this process (once; "
+                "about 2 minutes on a 2-core CPU); load_pair(..., compile=False) decodes eagerly without "
+                "this wait, slower per token",
+                self.name,
+            )
+            self.compile_seconds = warm_compiled(self.verifier, drafter=self.drafter)
+            log.warning("%s: compiled in %.0f s", self.name, self.compile_seconds)
+        return self.compile_seconds
+
     def decode(self, output, prompt_length: int | None = None) -> str:
         """The generated text of ``output`` (a :class:`GenerationOutput`), special tokens dropped."""
         new = output.sequences[0, -output.stats.new_tokens :] if output.stats.new_tokens else []
         return self.tokenizer.decode(new, skip_special_tokens=True)
 
 
-def load_pair(name: str, dtype: str | torch.dtype = "auto", assets: str | Path | None = None) -> LoadedPair:
+def load_pair(
+    name: str,
+    dtype: str | torch.dtype = "auto",
+    assets: str | Path | None = None,
+    compile: bool | str = "auto",
+) -> LoadedPair:
     """Load a shipped pair by name (:data:`SHIPPED_PAIRS`) in ``dtype`` ("auto": the fastest on
-    this machine, measured once and cached)."""
+    this machine, measured once and cached). ``compile``: decode through the verifier's compiled
+    forward (True), eagerly (False), or "auto": compiled wherever ``torch.compile`` can build kernels
+    for the verifier's device, eagerly (with a warning naming the missing piece) elsewhere."""
     from transformers import AutoTokenizer
 
+    from .decoding.compiled import compile_unavailable
     from .models.dflash import DFlashDrafter
     from .models.dflash_format import dflash_layout
     from .models.loading import NAMED_VERIFIERS, load_verifier
 
     if name not in SHIPPED_PAIRS:
         raise ValueError(f"unknown pair {name!r}; the shipped pairs are {sorted(SHIPPED_PAIRS)}")
+    if not (isinstance(compile, bool) or compile == "auto"):
+        raise ValueError(
+            f"compile must be True, False or 'auto' (compiled where torch.compile works), got {compile!r}"
+        )
     spec = SHIPPED_PAIRS[name]
     path = Path(assets) if assets is not None else assets_dir()
     drafter_dir = path / spec.drafter
@@ -127,4 +171,9 @@ def load_pair(name: str, dtype: str | torch.dtype = "auto", assets: str | Path |
     drafter = DFlashDrafter.from_pretrained(drafter_dir, verifier=verifier, **spec.drafter_options)
     source = NAMED_VERIFIERS[spec.verifier]() if spec.verifier in NAMED_VERIFIERS else spec.verifier
     tokenizer = AutoTokenizer.from_pretrained(source)
-    return LoadedPair(name, verifier, drafter, tokenizer, verifier.dtype, decoding)
+    if compile == "auto":
+        missing = compile_unavailable(verifier.device)
+        if missing is not None:
+            warnings.warn(f"load_pair({name!r}) decodes eagerly: {missing}", stacklevel=2)
+        compile = missing is None
+    return LoadedPair(name, verifier, drafter, tokenizer, verifier.dtype, decoding, compile)

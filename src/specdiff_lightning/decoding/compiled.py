@@ -65,6 +65,7 @@ from .verifier import TreeVerifier
 
 __all__ = [
     "StaticTreeVerifier",
+    "compile_unavailable",
     "compiled_forward",
     "copy_positions",
     "mark_dynamic",
@@ -97,6 +98,30 @@ RECOMPILE_LIMIT = 64
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: model or drafter -> seconds :func:`warm_compiled` / :func:`warm_drafter` took for it the first time
 _WARMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compile_unavailable(device: torch.device | str) -> str | None:
+    """None where ``torch.compile`` can build kernels for ``device`` here; otherwise why not, with
+    the fix. Inductor writes C++ for a CPU (it needs the C++ compiler it searches for, e.g. g++)
+    and Triton for a CUDA GPU; a machine without them fails at the first compiled call, deep inside
+    inductor, so callers that compile by default (:func:`~specdiff_lightning.load_pair`) ask first."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        try:
+            get_cpp_compiler()
+        except Exception as err:  # inductor's InvalidCxxCompiler, or a broken toolchain probe
+            return (
+                f"torch.compile needs a C++ compiler for CPU kernels and found none ({type(err).__name__}); "
+                f"install one (e.g. `apt install g++`) or set CXX"
+            )
+        return None
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else "torch.compile needs Triton for CUDA kernels; `pip install triton`"
+    return f"compiled decoding runs on CPUs and CUDA GPUs; this verifier is on {device.type}"
 
 
 def use_machine_inductor_cache() -> None:
