@@ -85,7 +85,5 @@ def test_a_compiled_pair_compiles_once_and_decodes_as_its_verifier():
     assert torch.equal(pair.generate(prompt, max_new_tokens=30).sequences, ref)
     first = pair.compile_seconds
     assert first is not None and first > 0 and drafter.compiled
-    assert torch.equal(
-        pair.generate(prompt, max_new_tokens=30, compile=False).sequences, ref
-    )
+    assert torch.equal(pair.generate(prompt, max_new_tokens=30, compile=False).sequences, ref)
     assert pair.warm() == first and not drafter.compiled

@@ -111,7 +111,12 @@ class LoadedPair:
 
     def warm(self) -> float:
         """Compile the verifier's tree forward and the drafter's round now, as the first compiled
-        call would; the seconds it took (a process compiles once: later calls return at once)."""
+        call would, and with ``tree="auto"`` the compiled forward's cost model (measured once per
+        machine, ~10 s, then read from the disk cache); the seconds it took (a process compiles
+        once: later calls return at once)."""
+        import time
+
+        from .decoding.calibration import cost_model_for
         from .decoding.compiled import warm_compiled
 
         if self.compile_seconds is None:
@@ -121,7 +126,11 @@ class LoadedPair:
                 "this wait, slower per token",
                 self.name,
             )
-            self.compile_seconds = warm_compiled(self.verifier, drafter=self.drafter)
+            start = time.perf_counter()
+            warm_compiled(self.verifier, drafter=self.drafter)
+            if self.decoding.get("tree") == "auto":
+                cost_model_for(self.verifier, compiled=True)
+            self.compile_seconds = time.perf_counter() - start
             log.warning("%s: compiled in %.0f s", self.name, self.compile_seconds)
         return self.compile_seconds
 
