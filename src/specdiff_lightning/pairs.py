@@ -20,6 +20,7 @@ a 2-core CPU; :meth:`LoadedPair.warm` does it up front); ``compile=False`` decod
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,16 +115,14 @@ class LoadedPair:
         call would, and with ``tree="auto"`` the compiled forward's cost model (measured once per
         machine, ~10 s, then read from the disk cache); the seconds it took (a process compiles
         once: later calls return at once)."""
-        import time
-
         from .decoding.calibration import cost_model_for
         from .decoding.compiled import warm_compiled
 
         if self.compile_seconds is None:
             log.warning(
                 "%s: compiling the verifier's forward and the drafter's round for this process (once; "
-                "about 2 minutes on a 2-core CPU); load_pair(..., compile=False) decodes eagerly without "
-                "this wait, slower per token",
+                "minutes on a CPU); load_pair(..., compile=False) decodes eagerly without this wait, "
+                "slower per token",
                 self.name,
             )
             start = time.perf_counter()
