@@ -15,6 +15,7 @@ from specdiff_lightning.decoding.calibration import (
     load_cost_model,
     measure_cost_model,
     save_cost_model,
+    stale_step,
 )
 from specdiff_lightning.decoding.config import DecodingConfig
 from specdiff_lightning.decoding.costmodel import CostModel, isotonic
@@ -80,6 +81,37 @@ def test_cost_model_is_measured_once_cached_and_rebuilt_when_stale_or_corrupt(tm
         assert load_cost_model(path) is None
     save_cost_model(rebuilt, path)  # atomic: no temporary files left behind
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def _cached_copy(source, target, scale: float):
+    """The one cost model file in ``source`` copied into ``target`` with every time ``scale``-d."""
+    (path,) = source.glob("*.json")
+    data = json.loads(path.read_text())
+    data["verifier_ms"] = [[v * scale for v in row] for row in data["verifier_ms"]]
+    target.mkdir()
+    (target / path.name).write_text(json.dumps(data))
+    return target / path.name
+
+
+def test_a_cached_cost_model_slower_than_the_machine_is_measured_again(tmp_path):
+    """A calibration taken while another process shared the cores (or on a slower host of the same
+    CPU model) would choose every later process's dtype and trees: the machine beating its cached
+    step by far rebuilds it. One faster than the machine is now is kept (the machine may be busy
+    now, and measuring then would record the load)."""
+    model = tiny_model("llama", vocab_size=32, hidden_size=16, num_layers=1)
+    kwargs = dict(nodes=(1, 2, 4), contexts=(8,), repeats=1)
+    cost_model_for(model, directory=tmp_path / "measured", **kwargs)
+    slow = _cached_copy(tmp_path / "measured", tmp_path / "slow", 1000.0)
+    cached = load_cost_model(slow, calibration_key(model))
+    assert "busy" in stale_step(cached, model)
+    with pytest.warns(UserWarning, match="what this machine takes now.*measuring again"):
+        rebuilt = cost_model_for(model, directory=tmp_path / "slow", **kwargs)
+    assert rebuilt.step_cost(8) < cached.step_cost(8) / 100
+    assert load_cost_model(slow, calibration_key(model)) == rebuilt  # the cache holds the new one
+    fast = _cached_copy(tmp_path / "measured", tmp_path / "fast", 1e-3)
+    kept = load_cost_model(fast, calibration_key(model))
+    assert stale_step(kept, model) is None
+    assert cost_model_for(model, directory=tmp_path / "fast", **kwargs) == kept
 
 
 def test_the_machine_names_its_cpu_family_and_model(tmp_path, monkeypatch):

@@ -5,8 +5,10 @@ of a few context lengths, repeated and interleaved (every size in turn within a 
 that speeds up or slows down shifts all sizes alike), medians made non-decreasing in n. It takes
 seconds. :func:`cost_model_for` memoises it in the process and caches it on disk per (machine, model,
 dtype, device), written atomically; a file that is corrupt, of another version, or measured for
-another key is rebuilt. :func:`machine_info` says what the machine is (the CPU's model and the flags
-that decide its kernels).
+another key is rebuilt, and so is one the machine now beats (:func:`stale_step`): a calibration
+measured while another process shared the cores, or on a slower host of the same CPU model, would
+otherwise choose the dtype and the trees of every later process. :func:`machine_info` says what the
+machine is (the CPU's model and the flags that decide its kernels).
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ __all__ = [
     "warn_if_slower_than_plain",
     "SlowerThanPlainWarning",
     "check_dtype_runs",
+    "stale_step",
     "DEFAULT_NODES",
+    "STALE_FACTOR",
     "DEFAULT_CONTEXTS",
     "COMPILED_CONTEXTS",
     "DTYPE_TREE_NODES",
@@ -66,6 +70,14 @@ COMPILED_CONTEXTS = (64, 384)
 _FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni")
 #: environment variables that change the kernels torch picks (the AVX2 emulation sets them)
 _KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+#: a cached cost model whose one-token step is this many times what the machine takes now is
+#: rebuilt (:func:`stale_step`). Timing noise only ever adds, so the machine's fastest step now
+#: bounds its true cost from above: a cached figure far over it was measured slower than the machine
+#: is (measured: a bf16 step cached at 112 ms, taken while another process ran, against 29 ms
+#: unloaded, made ``dtype="auto"`` pick float32, whose compiled step is 1.4x bf16's there)
+STALE_FACTOR = 1.3
+#: one-token forwards :func:`stale_step` times (after one that warms)
+STALE_REPEATS = 3
 #: the format of a cached kernel choice (4: the compiled plan says how its GEMMs are made; 3: with
 #: the compiled forward's formulation; 2: ``{rows: kernel}`` with packed weights; 1 held the rows of
 #: ``W @ x^T`` only; older ones are measured again)
@@ -223,27 +235,30 @@ def measure_cost_model(
         return _measure_cost_model(model, nodes, contexts, repeats, seed, compiled)
 
 
-def _measure_cost_model(model, nodes, contexts, repeats, seed, compiled) -> CostModel:
+def _state(model: nn.Module, context: int, largest: int, compiled: bool, gen: torch.Generator):
+    """The verifier state a decode would score trees through, after ``context`` cached random
+    tokens (random ids stand in for text: the cost depends on shapes), with room for ``largest``
+    new ones."""
     from .compiled import StaticTreeVerifier
     from .verifier import TreeVerifier
 
+    device = next(model.parameters()).device
+    # context + 1 prompt tokens: the cache holds context, the last is the pending root
+    ids = torch.randint(0, int(model.config.vocab_size), (1, context + 1), generator=gen).to(device)
+    if compiled:
+        return StaticTreeVerifier(model, ids, capacity=context + 1 + largest)
+    return TreeVerifier(model, ids)
+
+
+def _measure_cost_model(model, nodes, contexts, repeats, seed, compiled) -> CostModel:
     start = time.perf_counter()
-    param = next(model.parameters())
-    device = param.device
     if contexts is None:
         contexts = COMPILED_CONTEXTS if compiled else DEFAULT_CONTEXTS
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None:
         contexts = tuple(c for c in contexts if c + max(nodes) <= limit) or (max(1, limit - max(nodes)),)
     gen = torch.Generator().manual_seed(seed)
-    states = {}
-    for context in contexts:
-        # context + 1 prompt tokens: the cache holds context, the last is the pending root
-        ids = torch.randint(0, int(model.config.vocab_size), (1, context + 1), generator=gen).to(device)
-        if compiled:
-            states[context] = StaticTreeVerifier(model, ids, capacity=context + 1 + max(nodes))
-        else:
-            states[context] = TreeVerifier(model, ids)
+    states = {context: _state(model, context, max(nodes), compiled, gen) for context in contexts}
     times = {(c, n): [] for c in contexts for n in nodes}
     for r in range(repeats + 1):
         for c in contexts:
@@ -278,6 +293,11 @@ def cost_model_for(
         return _MEMO[memo]
     path = _path(key, Path(directory) if directory is not None else None)
     cost = None if refresh else load_cost_model(path, key)
+    if cost is not None:
+        stale = stale_step(cost, model, compiled=compiled)
+        if stale is not None:
+            warnings.warn(f"calibration file {path}: {stale}; measuring again", stacklevel=2)
+            cost = None
     if cost is None:
         cost = measure_cost_model(model, compiled=compiled, **measure)
         try:
@@ -286,6 +306,33 @@ def cost_model_for(
             warnings.warn(f"could not cache the calibration in {path} ({err})", stacklevel=2)
     _MEMO[memo] = cost
     return cost
+
+
+@torch.no_grad()
+def stale_step(cost: CostModel, model: nn.Module, compiled: bool = False) -> str | None:
+    """Why ``cost``, read from the disk cache, no longer describes this machine, or None when it
+    does: the fastest of :data:`STALE_REPEATS` one-token forwards of ``model`` now, at the cost
+    model's shortest context, through the same verifier state (eager or ``compiled``), is
+    :data:`STALE_FACTOR` times faster than the cached step. Milliseconds of model time (a
+    compiled forward must have compiled; it would on first use anyway).
+
+    Only a cache slower than the machine is stale. One faster than the machine is now may be right
+    with the machine busy at this moment, and measuring it again then would record the load."""
+    from .verifier import decoding_mode
+
+    context = min(cost.contexts)
+    gen = torch.Generator().manual_seed(0)
+    with decoding_mode(compiled):
+        state = _state(model, context, max(cost.nodes), compiled, gen)  # the measured cache length
+        _forward(state, 1, gen)  # warms, as the measurement's first pass does
+        now_ms = min(_forward(state, 1, gen) for _ in range(STALE_REPEATS)) * 1e3
+    cached = cost.step_cost(context)
+    if cached <= STALE_FACTOR * now_ms:
+        return None
+    return (
+        f"its one-token step ({cached:.1f} ms at {context} tokens) is {cached / now_ms:.1f}x what this machine "
+        f"takes now ({now_ms:.1f} ms): it was measured while the machine was busy, or on a slower host"
+    )
 
 
 #: the tree size whose forward decides the fastest dtype: a typical round's tree (a one-token step
