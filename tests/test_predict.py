@@ -51,6 +51,12 @@ def test_predict_writes_jsonl_and_summary(tmp_path, capsys, shape):
         assert r["completion"] == ref[0, 5:].tolist()
     assert {"predict/mean_accepted", "predict/speedup", "predict/gamma_1"} <= set(metrics.results)
     assert "Decoding summary" in capsys.readouterr().out
+    if shape.get("compile"):
+        # compiled before the first prompt, untimed (on_predict_start): only a warm-up records this,
+        # the decodes themselves never do, so no row's wall_time or speed-up holds the compile
+        from specdiff_lightning.decoding.compiled import _WARMED
+
+        assert model.verifier in _WARMED and model.drafter in _WARMED
 
 
 def test_prediction_writer_replaces_an_earlier_run(tmp_path):

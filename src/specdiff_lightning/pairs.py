@@ -20,7 +20,6 @@ a 2-core CPU; :meth:`LoadedPair.warm` does it up front); ``compile=False`` decod
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,8 +114,7 @@ class LoadedPair:
         call would, and with ``tree="auto"`` the compiled forward's cost model (measured once per
         machine, ~10 s, then read from the disk cache); the seconds it took (a process compiles
         once: later calls return at once)."""
-        from .decoding.calibration import cost_model_for
-        from .decoding.compiled import warm_compiled
+        from .decoding.compiled import warm_decoding
 
         if self.compile_seconds is None:
             log.warning(
@@ -125,11 +123,9 @@ class LoadedPair:
                 "slower per token",
                 self.name,
             )
-            start = time.perf_counter()
-            warm_compiled(self.verifier, drafter=self.drafter)
-            if self.decoding.get("tree") == "auto":
-                cost_model_for(self.verifier, compiled=True)
-            self.compile_seconds = time.perf_counter() - start
+            self.compile_seconds = warm_decoding(
+                self.verifier, drafter=self.drafter, tree_auto=self.decoding.get("tree") == "auto"
+            )
             log.warning("%s: compiled in %.0f s", self.name, self.compile_seconds)
         return self.compile_seconds
 

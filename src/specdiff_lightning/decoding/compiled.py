@@ -71,6 +71,7 @@ __all__ = [
     "mark_dynamic",
     "static_addresses_off",
     "warm_compiled",
+    "warm_decoding",
     "warm_drafter",
     "use_machine_inductor_cache",
     "cache_capacity",
@@ -457,6 +458,19 @@ def warm_compiled(model: nn.Module, prompt_length: int = 64, drafter=None) -> fl
     if drafter is not None:
         seconds += warm_drafter(model, drafter, prompt_length)
     return seconds
+
+
+def warm_decoding(model: nn.Module, drafter=None, tree_auto: bool = False) -> float:
+    """What a compiled decode's first call would otherwise do inside its own timing: compile the
+    graphs (:func:`warm_compiled`, with the ``drafter``'s) and, for ``tree="auto"``, read or measure
+    the compiled forward's cost model (~10 s once per machine, then the disk cache). Seconds."""
+    from .calibration import cost_model_for  # calibration builds these states: imported late
+
+    start = time.perf_counter()
+    warm_compiled(model, drafter=drafter)
+    if tree_auto:
+        cost_model_for(model, compiled=True)
+    return time.perf_counter() - start
 
 
 def _warm_verifier(model: nn.Module, prompt_length: int) -> float:

@@ -9,9 +9,11 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from ..constants import IGNORE_INDEX
 from ..decoding.calibration import warn_if_slower_than_plain
+from ..decoding.compiled import warm_decoding
 from ..decoding.config import DecodingConfig
 from ..decoding.generate import speculative_generate, verifier_generate
 from ..decoding.timing import throughput, timed
@@ -226,6 +228,14 @@ class DrafterDistillation(L.LightningModule):
     def on_predict_start(self) -> None:
         self.eval()
         self._warned_slower = False
+        if self.decoding.compile:
+            # compile before the first prompt, untimed (as bench does): otherwise its wall_time and
+            # speed-up would hold minutes of compiling, and the slower-than-plain warning would fire
+            rank_zero_info("decoding.compile: compiling the verifier's forward and the drafter's round first")
+            seconds = warm_decoding(
+                self.verifier, drafter=self.drafter, tree_auto=self.decoding.tree == "auto"
+            )
+            rank_zero_info(f"decoding.compile: ready in {seconds:.0f} s")
 
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
         """Decode every prompt of the batch (one at a time for now); returns one row per prompt
