@@ -2,7 +2,12 @@
 
 Each test samples the first three generated tokens many times with a fixed seed and compares the
 counts with the verifier's exact sequence probabilities (Pearson chi-square). The same counts must
-*reject* a reference shifted by 2% total variation, so each test shows it could catch such a bias.
+*reject* a reference shifted by 2% total variation, so each test shows it could catch such a bias;
+each sample is sized (``samples_to_detect``) so that it does with probability 0.9999.
+
+``tree='auto'`` sizes its trees here from a fixed cost model (nearly free nodes, as tiny models
+measure), not from this run's measurement: a test's draws then depend on its seed alone, and a
+failure reproduces on any machine.
 """
 
 from collections import Counter
@@ -12,9 +17,23 @@ import torch
 
 from helpers import tree_for
 from specdiff_lightning import DiffusionDrafter, speculative_generate, verifier_generate
-from specdiff_lightning.decoding import AcceptanceRule, GreedyAcceptance, Verdict, accept_standard
+from specdiff_lightning.decoding import (
+    AcceptanceRule,
+    DrafterWrapper,
+    GreedyAcceptance,
+    Verdict,
+    accept_standard,
+)
+from specdiff_lightning.decoding.autotree import AutoTreeDrafter
+from specdiff_lightning.decoding.costmodel import CostModel
 from specdiff_lightning.models import tiny_model
-from specdiff_lightning.testing import chi_square_test, exact_sequence_probs, perturb, sample_counts
+from specdiff_lightning.testing import (
+    chi_square_test,
+    exact_sequence_probs,
+    perturb,
+    sample_counts,
+    samples_to_detect,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -23,6 +42,9 @@ LENGTH = 3
 SAMPLES = 6000
 ALPHA = 1e-3
 PROMPT = torch.tensor([[1, 2, 0]])
+#: tree: auto's cost model in these tests: a node costs 1% of a step, as on tiny models
+_ROW = [10.0 + 0.1 * (n - 1) for n in (1, 2, 4, 8, 16)]
+PINNED_COST = CostModel([1, 2, 4, 8, 16], [4, 64], [_ROW, _ROW], {})
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +58,17 @@ def drafter():
     return DiffusionDrafter(model, mask_token_id=VOCAB - 1, shift_logits=True)
 
 
+def _samples(probs) -> int:
+    """At least SAMPLES draws, and as many as a 2% bias of ``probs`` needs to be caught."""
+    return max(SAMPLES, samples_to_detect(probs, 0.02, ALPHA))
+
+
 def _speculative_counts(verifier, drafter, num_samples=SAMPLES, seed=0, **kwargs):
     generator = torch.Generator().manual_seed(seed)
     # auto-sized trees where the rule verifies them (greedy), the drafts as drawn otherwise
     kwargs.setdefault("tree", tree_for(kwargs.get("acceptance", "greedy")))
+    if kwargs["tree"] == "auto" and not isinstance(drafter, DrafterWrapper):
+        drafter = AutoTreeDrafter(drafter, PINNED_COST)  # what the loop's own auto_tree would build
 
     def draw():
         out = speculative_generate(
@@ -51,6 +80,7 @@ def _speculative_counts(verifier, drafter, num_samples=SAMPLES, seed=0, **kwargs
 
 
 def _assert_exact(counts, probs):
+    assert sum(counts.values()) >= samples_to_detect(probs, 0.02, ALPHA), "size the sample: _samples"
     fit = chi_square_test(counts, probs)
     assert fit.pvalue > ALPHA, f"output distribution differs from the verifier's: {fit}"
     biased = chi_square_test(counts, perturb(probs, 0.02))
@@ -104,8 +134,6 @@ def test_greedy_acceptance_of_auto_trees_with_corpus_copies_is_exact(verifier, d
     import itertools
 
     from specdiff_lightning.decoding import TokenDatastore
-    from specdiff_lightning.decoding.autotree import AutoTreeDrafter
-    from specdiff_lightning.decoding.costmodel import CostModel
 
     store = TokenDatastore(
         [list(s) for s in itertools.product(range(VOCAB), repeat=3)] * 2 + [[1, 2, 0, 3, 3, 1]]
@@ -123,7 +151,13 @@ def test_exact_under_temperature_and_top_p(verifier, drafter):
     warp = dict(temperature=0.8, top_p=0.9)
     probs = exact_sequence_probs(verifier, PROMPT, LENGTH, **warp)
     counts = _speculative_counts(
-        verifier, drafter, acceptance="greedy", num_drafts=4, draft_temperature=2.0, **warp
+        verifier,
+        drafter,
+        num_samples=_samples(probs),
+        acceptance="greedy",
+        num_drafts=4,
+        draft_temperature=2.0,
+        **warp,
     )
     _assert_exact(counts, probs)
 
@@ -136,7 +170,7 @@ def test_verifier_only_sampling_is_exact(verifier):
         out = verifier_generate(verifier, PROMPT, max_new_tokens=LENGTH, top_k=3, generator=generator)
         return tuple(out.sequences[0, PROMPT.shape[1] :].tolist())
 
-    _assert_exact(sample_counts(draw, SAMPLES), probs)
+    _assert_exact(sample_counts(draw, _samples(probs)), probs)
 
 
 class SelectThenStandard(AcceptanceRule):
@@ -179,13 +213,15 @@ def test_row_seeded_continuations_sample_the_verifiers_distribution(verifier):
     from specdiff_lightning.models.continuations import sample_continuations
 
     temperature = 0.8
+    probs = exact_sequence_probs(verifier, PROMPT, LENGTH, temperature=temperature)
+    n = _samples(probs)
     rows = sample_continuations(
         verifier,
-        PROMPT.repeat(SAMPLES, 1),
-        torch.ones(SAMPLES, PROMPT.shape[1], dtype=torch.long),
+        PROMPT.repeat(n, 1),
+        torch.ones(n, PROMPT.shape[1], dtype=torch.long),
         LENGTH,
         temperature=temperature,
-        row_seeds=list(range(SAMPLES)),
+        row_seeds=list(range(n)),
     )
     counts = Counter(tuple(r) for r in rows.tolist())
-    _assert_exact(counts, exact_sequence_probs(verifier, PROMPT, LENGTH, temperature=temperature))
+    _assert_exact(counts, probs)
