@@ -92,6 +92,24 @@ def test_smollm2_rows_name_shipped_drafters_and_unique_keys():
     }
 
 
+def test_compiled_rows_run_in_the_compiled_forwards_fastest_dtype():
+    """Where bf16 is emulated the eager forward's fastest dtype is float32 and the compiled one's can
+    be bf16: the compiled rows run in the latter, the eager speed rows in the former, and our compiled
+    plain decoding in every dtype loaded (the denominator is the fastest plain decoding of any)."""
+    from specdiff_lightning.demo.smollm2 import SMOL_PRESETS, smollm2_methods
+
+    p = SMOL_PRESETS["smollm2"]
+    keys = {m.key: m for m in smollm2_methods(p, "float32", fast_compiled="bfloat16")}
+    assert {"hf_generate_compiled_bf16", "specdiff2_dflash_auto_store_compiled_bf16"} <= set(keys)
+    assert not {"hf_generate_compiled_fp32", "specdiff2_dflash_auto_store_compiled_fp32"} & set(keys)
+    assert {"verifier_compiled_fp32", "verifier_compiled_bf16"} <= set(keys)
+    assert {"hf_prompt_lookup_fp32", "specdiff2_dflash_auto_fp32"} <= set(keys)
+    assert not {"hf_prompt_lookup_bf16", "specdiff2_dflash_auto_bf16"} & set(keys)
+    # without a compiled choice, "fast" is the one dtype of every row
+    same = {m.key for m in smollm2_methods(p, "bfloat16")}
+    assert "specdiff2_dflash_auto_store_compiled_bf16" in same and "hf_generate_compiled_fp32" not in same
+
+
 def test_the_smollm2_demo_is_sized_from_the_calibration_to_its_budget():
     """Issue 17: at least 10 problems x 128 tokens on any CPU; fewer repeats, then no ablations, where
     steps are slow; more problems where they are fast."""
@@ -170,10 +188,14 @@ def test_compiled_rows_are_estimated_at_the_compiled_step():
     compiled = [m for m in full if m.kind == "hf_compiled" or m.decoding.get("compile")]
     eager = {"float32": 55.0, "bfloat16": 52.0}
     assert compiled
-    both = {**eager, "compiled": 26.0}
+    both = {**eager, "compiled_float32": 27.5, "compiled_bfloat16": 26.0}  # each dtype's own
+    assert {m.dtype for m in compiled} == {"float32", "bfloat16"}  # our compiled plain loop in both
     assert estimate_seconds(compiled, p, both, 10) == pytest.approx(
         estimate_seconds(compiled, p, eager, 10) / 2
     )
+    assert estimate_seconds(compiled, p, {**eager, "compiled": 27.5}, 10) > estimate_seconds(
+        compiled, p, both, 10
+    )  # one compiled step for every dtype (an older plan's): bf16's rows counted at float32's
     eager_rows = [m for m in full if m not in compiled]
     assert estimate_seconds(eager_rows, p, both, 10) == estimate_seconds(eager_rows, p, eager, 10)
 
@@ -246,6 +268,20 @@ def test_never_slower_reads_the_row_load_pair_runs_at_its_defaults():
     ):
         (result,) = check_targets({**report, "pair_defaults": {"compile": compiles}}, target)[1]
         assert result["value"][1] == key
+    # bf16 emulated: the eager forward's fastest dtype is float32, the compiled one's bf16, and the
+    # compiled defaults decode in the compiled one's (load_pair's dtype "auto" compares that forward)
+    emulated = {
+        **report,
+        "fast_dtype": "float32",
+        "fast_compiled_dtype": "bfloat16",
+        "rows": [*report["rows"], row("specdiff2_dflash_auto_store_compiled_fp32", "specdiff2", 80.0)],
+    }
+    for compiles, key in (
+        (True, "specdiff2_dflash_auto_store_compiled_bf16"),
+        (False, "specdiff2_dflash_auto_store_fp32"),
+    ):
+        (result,) = check_targets({**emulated, "pair_defaults": {"compile": compiles}}, target)[1]
+        assert result["value"][1] == key
 
     p = SMOL_PRESETS["smollm2"]
     spec = SHIPPED_PAIRS["smollm2-135m-instruct"]
@@ -265,7 +301,6 @@ def test_never_slower_reads_the_row_load_pair_runs_at_its_defaults():
 def test_the_defaults_note_states_the_first_calls_compile():
     from specdiff_lightning.demo.smollm2 import _defaults_note
 
-    assert "waits for the compile, 188 s in this run" in _defaults_note(
-        {"compile": True, "first_call_compile_s": 188.4}
-    )
+    note = _defaults_note({"compile": True, "first_call_compile_s": 188.4})
+    assert "compiled forward in each dtype" in note and "188 s in this run" in note
     assert "decode eagerly here" in _defaults_note({"compile": False, "first_call_compile_s": None})

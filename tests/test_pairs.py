@@ -50,14 +50,27 @@ def test_the_shipped_smollm2_pair_decodes_as_its_verifier():
 def test_compile_auto_compiles_where_torch_compile_can_build_kernels(monkeypatch):
     """``compile="auto"`` (the default) resolves to compiled decoding where inductor has what it
     needs for the verifier's device, and otherwise decodes eagerly with a warning naming the piece
-    that is missing and how to get it."""
+    that is missing and how to get it. ``dtype="auto"`` then compares the forward the pair decodes
+    through (``load_verifier(..., compiled=)``), which it is told before loading."""
+    from specdiff_lightning.models import loading
+
+    told = []
+    real = loading.load_verifier
+
+    def spy(spec, **kwargs):
+        told.append(kwargs["compiled"])
+        return real(spec, **kwargs)
+
+    monkeypatch.setattr(loading, "load_verifier", spy)
     pair = load_pair("smollm2-135m-instruct", dtype="float32")
     assert pair.compile is (compiled.compile_unavailable("cpu") is None)
+    first = pair.compile
     reason = "torch.compile needs a C++ compiler for CPU kernels and found none; install one"
     monkeypatch.setattr(compiled, "compile_unavailable", lambda device: reason)
     with pytest.warns(UserWarning, match="decodes eagerly: torch.compile needs a C\\+\\+ compiler"):
         pair = load_pair("smollm2-135m-instruct", dtype="float32")
     assert pair.compile is False and pair.compile_seconds is None
+    assert told == [first, False]  # each load's verifier was told what that load resolved
 
 
 def test_compile_unavailable_names_what_is_missing():

@@ -142,7 +142,8 @@ def load_pair(
     compile: bool | str = "auto",
 ) -> LoadedPair:
     """Load a shipped pair by name (:data:`SHIPPED_PAIRS`) in ``dtype`` ("auto": the fastest on
-    this machine, measured once and cached). ``compile``: decode through the verifier's compiled
+    this machine for the forward it decodes through, compiled or eager, measured once and cached;
+    compiled, the first load on a machine compiles the verifier in each dtype). ``compile``: decode through the verifier's compiled
     forward (True), eagerly (False), or "auto": compiled wherever ``torch.compile`` can build kernels
     for the verifier's device, eagerly (with a warning naming the missing piece) elsewhere."""
     from transformers import AutoTokenizer
@@ -171,13 +172,14 @@ def load_pair(
         if not (path / spec.datastore).is_file():
             raise FileNotFoundError(f"the shipped corpus of {name!r} is missing ({path / spec.datastore})")
         decoding["datastore"] = str(path / spec.datastore)
-    verifier = load_verifier(spec.verifier, dtype=dtype)
-    drafter = DFlashDrafter.from_pretrained(drafter_dir, verifier=verifier, **spec.drafter_options)
-    source = NAMED_VERIFIERS[spec.verifier]() if spec.verifier in NAMED_VERIFIERS else spec.verifier
-    tokenizer = AutoTokenizer.from_pretrained(source)
     if compile == "auto":
-        missing = compile_unavailable(verifier.device)
+        missing = compile_unavailable(torch.device("cpu"))  # where load_verifier puts the verifier
         if missing is not None:
             warnings.warn(f"load_pair({name!r}) decodes eagerly: {missing}", stacklevel=2)
         compile = missing is None
+    # dtype "auto" compares the forward this pair decodes through: the compiled one where it compiles
+    verifier = load_verifier(spec.verifier, dtype=dtype, compiled=compile)
+    drafter = DFlashDrafter.from_pretrained(drafter_dir, verifier=verifier, **spec.drafter_options)
+    source = NAMED_VERIFIERS[spec.verifier]() if spec.verifier in NAMED_VERIFIERS else spec.verifier
+    tokenizer = AutoTokenizer.from_pretrained(source)
     return LoadedPair(name, verifier, drafter, tokenizer, verifier.dtype, decoding, compile)

@@ -114,6 +114,40 @@ def test_a_cached_cost_model_slower_than_the_machine_is_measured_again(tmp_path)
     assert cost_model_for(model, directory=tmp_path / "fast", **kwargs) == kept
 
 
+def test_dtype_auto_compares_the_forward_that_will_decode(tmp_path, monkeypatch):
+    """Where bf16 is emulated (AVX2-only CPUs) its eager multi-token forwards lose to float32's while
+    its compiled ones win: ``in_fastest_dtype`` reads the cost models of the forward asked for. Cached
+    compiled files are read without timing the model (that would compile a dtype it may not decode
+    in), and that unchecked read is not memoised: the chosen model is checked when it decodes."""
+    import copy
+
+    from specdiff_lightning.decoding import calibration
+
+    monkeypatch.setenv("SPECDIFF_CALIBRATION_DIR", str(tmp_path))
+    model = tiny_model("llama", vocab_size=32, hidden_size=16, num_layers=1)
+
+    def cache(dtype, compiled, per_node_ms):  # times far below the machine's: never stale
+        # a cast copy's key names the kernels chosen for it (cached on disk, as the copy will read)
+        as_measured = (
+            model if dtype == model.dtype else calibration.prepare_kernels(copy.deepcopy(model).to(dtype))
+        )
+        key = calibration_key(as_measured, compiled=compiled)
+        nodes = [1, 2, 4, 8, 16]
+        row = [1e-6 + per_node_ms * n for n in nodes]
+        save_cost_model(CostModel(nodes, [16, 512], [row, row], key), calibration._path(key, None))
+
+    cache(torch.float32, False, 1e-7)
+    cache(torch.bfloat16, False, 2e-7)  # eager: float32 wins
+    cache(torch.float32, True, 2e-7)
+    cache(torch.bfloat16, True, 1e-7)  # compiled: bf16 wins
+    assert calibration.in_fastest_dtype(model) is model
+    chosen = calibration.in_fastest_dtype(model, compiled=True)
+    assert chosen is not model and chosen.dtype == torch.bfloat16 and model.dtype == torch.float32
+    assert calibration.fastest_dtype(model, compiled=True) == torch.bfloat16
+    key = calibration_key(chosen, compiled=True)
+    assert calibration._key_hash(key) + "None" not in calibration._MEMO  # unchecked: not memoised
+
+
 def test_the_machine_names_its_cpu_family_and_model(tmp_path, monkeypatch):
     """Two CPUs a VM names alike ("AMD EPYC": a Zen 1 and a Zen 4) never share a cost model."""
     from specdiff_lightning.decoding import calibration

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..decoding.calibration import (
+    COMPILED_DTYPE_TREE_NODES,
     DTYPE_CONTEXT,
     DTYPE_TREE_NODES,
     cost_model_for,
@@ -55,15 +56,18 @@ def calibration_table(report: dict) -> str:
     context = report["context"]
     models = {d: CostModel.from_dict(m) for d, m in report["cost_models"].items()}
     nodes = next(iter(models.values())).nodes
+    compiled = next(iter(models.values())).key.get("forward") == "compiled"
     machine = report["machine"]
     lines = [
-        f"## Calibration: {machine['cpu']} ({', '.join(machine['cpu_flags']) or 'no AVX flags'}; "
+        f"## Calibration{' of the compiled forward' if compiled else ''}: {machine['cpu']} "
+        f"({', '.join(machine['cpu_flags']) or 'no AVX flags'}; "
         f"torch kernels {machine['cpu_capability']}, {machine['threads']} threads"
         + (f"; env {machine['env']}" if machine.get("env") else "")
         + ")",
         "",
-        f"Verifier forward over n new tokens after {context} cached ones, as a multiple of a one-token step "
-        f"(medians, non-decreasing); fastest dtype here (by an {DTYPE_TREE_NODES}-node tree): "
+        f"Verifier{' compiled' if compiled else ''} forward over n new tokens after {context} cached ones, "
+        "as a multiple of a one-token step (medians, non-decreasing); fastest dtype here (by a "
+        f"{COMPILED_DTYPE_TREE_NODES if compiled else DTYPE_TREE_NODES}-node tree): "
         f"**{report['fastest_dtype']}**.",
         "",
         "| dtype | 1 token | "

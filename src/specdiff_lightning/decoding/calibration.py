@@ -46,6 +46,7 @@ __all__ = [
     "load_cost_model",
     "save_cost_model",
     "fastest_dtype",
+    "in_fastest_dtype",
     "dtype_tree_cost",
     "prepare_kernels",
     "slower_than_plain",
@@ -59,6 +60,7 @@ __all__ = [
     "DEFAULT_CONTEXTS",
     "COMPILED_CONTEXTS",
     "DTYPE_TREE_NODES",
+    "COMPILED_DTYPE_TREE_NODES",
 ]
 
 DEFAULT_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -282,17 +284,24 @@ def cost_model_for(
     directory: str | os.PathLike | None = None,
     refresh: bool = False,
     compiled: bool = False,
+    check_stale: bool = True,
     **measure,
 ) -> CostModel:
     """The cost model of ``model`` on this machine: from this process's memo, else the disk cache,
     else measured now (seconds; a ``compiled`` forward's first measurement compiles it, minutes on a
-    cold inductor cache) and cached. ``refresh``: measure again whatever is cached."""
+    cold inductor cache) and cached. ``refresh``: measure again whatever is cached.
+    ``check_stale=False`` reads a cached file without timing ``model`` against it
+    (:func:`stale_step`), which for a ``compiled`` forward would compile it: for comparing the
+    dtypes a model is not going to decode in. Such a read is not memoised, so the model that does
+    decode is checked when it asks."""
     key = calibration_key(model, compiled=compiled)
     memo = _key_hash(key) + str(directory)
     if not refresh and memo in _MEMO:
         return _MEMO[memo]
     path = _path(key, Path(directory) if directory is not None else None)
     cost = None if refresh else load_cost_model(path, key)
+    if cost is not None and not check_stale:
+        return cost
     if cost is not None:
         stale = stale_step(cost, model, compiled=compiled)
         if stale is not None:
@@ -338,13 +347,22 @@ def stale_step(cost: CostModel, model: nn.Module, compiled: bool = False) -> str
 #: the tree size whose forward decides the fastest dtype: a typical round's tree (a one-token step
 #: alone would mislead where bf16 is emulated: its step is faster, its multi-token forwards far slower)
 DTYPE_TREE_NODES = 8
+#: the same for a compiled decode, whose rounds verify smaller trees: its one-token step is about
+#: half the eager one, so each node costs twice as many steps and tree: auto stops sooner. Without
+#: AMX inductor's bf16 GEMMs turn compute-bound beyond 4 rows (a 5-node tree cost 1.75x a 4-node
+#: one on Zen 4, docs/results.md stop 39), so compiled decodes there verify 4 nodes or fewer, and an
+#: 8-node forward would choose float32 where bf16 decodes 1.44x faster. The choice compares forward
+#: timings on random tokens, not decoding results.
+COMPILED_DTYPE_TREE_NODES = 4
 #: the context length at which dtypes are compared
 DTYPE_CONTEXT = 256
 
 
 def dtype_tree_cost(cost: CostModel) -> float:
-    """What decides the fastest dtype: a :data:`DTYPE_TREE_NODES`-node forward at :data:`DTYPE_CONTEXT`."""
-    return cost.verifier_cost(DTYPE_TREE_NODES, DTYPE_CONTEXT)
+    """What decides the fastest dtype: a :data:`DTYPE_TREE_NODES`-node forward at :data:`DTYPE_CONTEXT`
+    (:data:`COMPILED_DTYPE_TREE_NODES` nodes for a compiled forward's cost model)."""
+    compiled = cost.key.get("forward") == "compiled"
+    return cost.verifier_cost(COMPILED_DTYPE_TREE_NODES if compiled else DTYPE_TREE_NODES, DTYPE_CONTEXT)
 
 
 def check_dtype_runs(dtype: torch.dtype, device: torch.device | str) -> None:
@@ -364,25 +382,50 @@ def check_dtype_runs(dtype: torch.dtype, device: torch.device | str) -> None:
         ) from None
 
 
-def fastest_dtype(model: nn.Module, candidates: tuple[torch.dtype, ...] | None = None) -> torch.dtype:
-    """The dtype in which ``model`` runs a typical draft tree's forward fastest on this machine.
+def fastest_dtype(
+    model: nn.Module, candidates: tuple[torch.dtype, ...] | None = None, compiled: bool = False
+) -> torch.dtype:
+    """The dtype in which ``model`` runs a typical draft tree's forward fastest on this machine:
+    :func:`in_fastest_dtype`'s choice, without keeping the cast copy."""
+    return next(in_fastest_dtype(model, candidates, compiled).parameters()).dtype
 
-    On a CPU: float32 or bfloat16, compared by their cost models at a tree of
-    :data:`DTYPE_TREE_NODES` nodes (cached; the first call measures each, casting a copy of the
-    model). On a GPU: bfloat16 where supported, else float16, unmeasured (float32 decodes slower on
-    every GPU this project targets)."""
+
+def in_fastest_dtype(
+    model: nn.Module, candidates: tuple[torch.dtype, ...] | None = None, compiled: bool = False
+) -> nn.Module:
+    """``model`` in the dtype that runs a typical draft tree's forward fastest on this machine:
+    ``model`` itself, or the cast copy (linear kernels prepared, :func:`prepare_kernels`) that was
+    measured to choose it.
+
+    On a CPU: float32 or bfloat16, compared by their cost models (:func:`dtype_tree_cost`), cached;
+    the first call measures each dtype on a cast copy. ``compiled``: by the compiled forward's cost
+    models, the forward a compiled decode runs; where bf16 is emulated (AVX2-only CPUs) its eager
+    multi-token forwards lose to float32 while its compiled ones win (docs/results.md), so the two
+    forwards can choose differently. Measuring a compiled forward compiles it (minutes, once per
+    machine and dtype); later processes read the cached cost models without compiling the dtype
+    they do not decode in. On a GPU: bfloat16 where supported, else float16, unmeasured (float32
+    decodes slower on every GPU this project targets)."""
     import copy
 
     device = next(model.parameters()).device
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    candidates = candidates or (torch.float32, torch.bfloat16)
     own = next(model.parameters()).dtype
-    costs = {}
+    if device.type == "cuda":
+        chosen = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return model if chosen == own else model.to(chosen)
+    candidates = candidates or (torch.float32, torch.bfloat16)
+    costs, copies = {}, {}
     for dtype in candidates:
-        candidate = model if dtype == own else prepare_kernels(copy.deepcopy(model).to(dtype))
-        costs[dtype] = dtype_tree_cost(cost_model_for(candidate))
-    return min(costs, key=costs.get)
+        if dtype == own:
+            candidate = model
+        else:
+            candidate = copies[dtype] = prepare_kernels(copy.deepcopy(model).to(dtype))
+        # a compiled forward's cached file is read unchecked: checking times the forward, which
+        # would compile a dtype this process may not decode in (the chosen one is checked when
+        # its decode asks for the cost model)
+        cost = cost_model_for(candidate, compiled=compiled, check_stale=not compiled)
+        costs[dtype] = dtype_tree_cost(cost)
+    chosen = min(costs, key=costs.get)
+    return model if chosen == own else copies[chosen]
 
 
 def prepare_kernels(model: nn.Module) -> nn.Module:

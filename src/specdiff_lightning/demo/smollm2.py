@@ -116,7 +116,9 @@ def load_smollm2_pair(dtype: str, assets: Path = ASSETS, head_vocab: int | None 
 
 #: the rows: (key, label, kind, decoding, options, {dtype: repeats}); None repeats: the preset's.
 #: "fast" is the dtype the machine runs the verifier fastest in (measured: bf16 where the CPU has
-#: bf16 instructions, float32 where bf16 is emulated). Speed rows run in it, HF generate in both (the
+#: bf16 instructions, float32 where bf16 is emulated), by the forward the row decodes through: a
+#: compiled row's is the compiled forward's, which can be bf16 where the eager one is float32;
+#: "all" is every dtype the run loaded. Speed rows run in it, HF generate in both (the
 #: speed-up denominator is the faster), and our verifier loop and the auto-tree row (every draft
 #: source: the drafter's chain, runner-ups, context copies) once more in float32, where
 #: exactness is meaningful. Rows read for acceptance only (ablations) are decoded once. Self-selection
@@ -133,7 +135,9 @@ _ROWS = (
     # our loop's plain decoding through the compiled verifier: plain decoding too, so it joins the
     # denominator wherever it beats HF's compiled generate (its linear layers may take a formulation
     # measured faster here, decoding/kernels.py)
-    ("verifier_compiled", "verifier (ours, compiled)", "verifier", {"compile": True}, {}, {"fast": None}),
+    # measured in every dtype loaded: the compiled forward's fastest dtype can differ from the eager
+    # one's (where bf16 is emulated), and the denominator is the fastest of all of them
+    ("verifier_compiled", "verifier (ours, compiled)", "verifier", {"compile": True}, {}, {"all": None}),
     ("hf_prompt_lookup", "HF prompt lookup", "hf_prompt_lookup", {}, {}, {"fast": None}),
     ("hf_assisted", "HF assisted (AR drafter)", "hf_assisted", {}, {}, {"fast": None}),
     (
@@ -243,10 +247,13 @@ _ROWS = (
 )
 
 
-def smollm2_methods(p: SmolPreset, fast: str = "bfloat16", assets: Path = ASSETS) -> list:
+def smollm2_methods(
+    p: SmolPreset, fast: str = "bfloat16", assets: Path = ASSETS, fast_compiled: str | None = None
+) -> list:
     """The bench rows of a preset (stable keys ``<row>_<fp32|bf16>``); ``fast``: the dtype of the
-    speed rows (a row asked for in both it and float32 runs once when they are the same). Rows
-    with corpus copies read ``p.datastore`` under ``assets`` (left out where it is None)."""
+    eager speed rows, ``fast_compiled`` the compiled ones' (None: ``fast``); a row asked for in both
+    it and float32 runs once when they are the same. Rows with corpus copies read ``p.datastore``
+    under ``assets`` (left out where it is None)."""
     from ..bench import BenchMethod
     from ..bench.methods import short_dtype
 
@@ -271,12 +278,14 @@ def smollm2_methods(p: SmolPreset, fast: str = "bfloat16", assets: Path = ASSETS
             if kind == "diffusion"
             else decoding
         )
+        compiled = kind == "hf_compiled" or bool(decoding.get("compile"))
+        named = {"fast": [(fast_compiled or fast) if compiled else fast], "all": list(p.dtypes)}
         merged: dict = {}
-        for dtype, repeats in dtypes.items():
-            dtype = fast if dtype == "fast" else dtype
-            if dtype in merged:  # fast is float32 here: the more repeats of the two
-                repeats = None if None in (repeats, merged[dtype]) else max(repeats, merged[dtype])
-            merged[dtype] = repeats
+        for tag, repeats in dtypes.items():
+            for dtype in named.get(tag, [tag]):
+                if dtype in merged:  # fast is float32 here: the more repeats of the two
+                    repeats = None if None in (repeats, merged[dtype]) else max(repeats, merged[dtype])
+                merged[dtype] = repeats
         for dtype, repeats in merged.items():
             if dtype not in p.dtypes:
                 continue
@@ -349,14 +358,18 @@ def estimate_seconds(
 ) -> float:
     """The bench's expected seconds: each row's decodes (repeats, plus a warm-up per row) of
     ``max_new_tokens`` at its kind's steps per token times its one-token step: its dtype's eager
-    step, or for a compiled row ``step_ms["compiled"]`` where measured (the compiled forward's step,
+    step, or for a compiled row ``step_ms["compiled_<dtype>"]`` (or ``"compiled"``) where measured (the compiled forward's step,
     about half the eager one on a CPU: counted at the eager step, the headline rows lost repeats the
     budget had room for). Rows whose key stems are in ``once`` count one repeat."""
     total = 0.0
     for m in methods:
         repeats = 1 if _stem(m.key) in once else p.repeats if m.repeats is None else m.repeats
         steps = _STEPS_PER_TOKEN.get(m.kind, _SPECULATIVE_STEPS)
-        step = step_ms.get("compiled", step_ms[m.dtype]) if _compiled(m) else step_ms[m.dtype]
+        step = (
+            step_ms.get(f"compiled_{m.dtype}", step_ms.get("compiled", step_ms[m.dtype]))
+            if _compiled(m)
+            else step_ms[m.dtype]
+        )
         per_decode = p.max_new_tokens * steps * step / 1e3
         total += per_decode * (repeats * problems + p.warmup)
     return total
@@ -442,8 +455,11 @@ def smollm2_targets(num_drafts: int, machine: dict | None = None) -> list:
         # shipped corpus; compiled where torch.compile works on the machine, as the run records in
         # "pair_defaults") in the dtype dtype="auto" picks: the row of those settings. A report
         # without the record is from before compile="auto" (eager defaults)
+        # (dtype "auto" compares the forward the pair decodes through: a compiled one's fastest
+        # dtype is the run's "fast_compiled_dtype")
         compiled = "_compiled" if r.get("pair_defaults", {}).get("compile") else ""
-        key = f"specdiff2_dflash_auto_store{compiled}_{short_dtype(r.get('fast_dtype', ''))}"
+        dtype = r.get("fast_compiled_dtype", r.get("fast_dtype", "")) if compiled else r.get("fast_dtype", "")
+        key = f"specdiff2_dflash_auto_store{compiled}_{short_dtype(dtype)}"
         return figure(next((x for x in r["rows"] if x["key"] == key), None), "tokens_per_s")
 
     def best_dflash(r):
@@ -533,9 +549,11 @@ def _defaults_note(defaults: dict) -> str:
         return "\n- load_pair's defaults decode eagerly here: torch.compile cannot build kernels on this machine\n"
     waited = defaults.get("first_call_compile_s")
     return (
-        "\n- load_pair's defaults compile (`compile: auto`): a process's first call waits for the compile"
+        "\n- load_pair's defaults compile (`compile: auto`): its first use on a machine compiles and measures"
+        " the verifier's compiled forward in each dtype (`dtype: auto` compares them) and the drafter's round"
         + (f", {waited:.0f} s in this run" if waited is not None else "")
-        + "; `compile=False` decodes eagerly at once (the eager `tree: auto` + corpus row)\n"
+        + "; a later process compiles its one dtype's graphs; `compile=False` decodes eagerly at once"
+        " (the eager `tree: auto` + corpus row)\n"
     )
 
 
@@ -564,45 +582,64 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     )
     tokenizer = load_tokenizer(VERIFIER)
     fast, calibration = _calibrate(p)
-    p = replace(p, dtypes=tuple(d for d in p.dtypes if d in ("float32", fast)))
-    print(f"fast dtype here (measured): {fast}", flush=True)
+    # both dtypes where the compiled rows run: the compiled forward chooses its own fastest dtype
+    keep = p.dtypes if p.compiled else ("float32", fast)
+    p = replace(p, dtypes=tuple(d for d in p.dtypes if d in keep))
+    print(f"fast dtype here (measured, eager forward): {fast}", flush=True)
     models = {}
     for dtype in p.dtypes:
         verifier, drafters = load_smollm2_pair(dtype, assets, p.head_vocab)
         models[dtype] = BenchModels(verifier, drafters)
     print(f"loaded in {time.perf_counter() - start:.0f} s", flush=True)
-    compile_s = ours_compile_s = None
-    if p.compiled:
-        from ..bench.runners import compiled_copy
-        from ..decoding.compiled import warm_compiled
-
-        # compiled now, measured, untimed (the bench then reuses the copy)
-        compile_s = compiled_copy(models[fast].verifier)[1]
-        print(f"compiled HF generate's copy in {compile_s:.0f} s", flush=True)
-        # our compiled rows' graphs (the verifier's tree forward and the DFlash drafter's round):
-        # compiled now too
-        ours_compile_s = warm_compiled(models[fast].verifier, drafter=models[fast].drafters.get("dflash"))
-        print(f"compiled our verifier's tree forward in {ours_compile_s:.0f} s", flush=True)
-        # both compiles come off the bench's budget, so the demo's whole stays within its 20 minutes
-        # on a cold inductor cache however long this machine takes to compile
-        if p.bench_budget_s is not None:
-            p = replace(p, bench_budget_s=max(p.bench_budget_s - compile_s - ours_compile_s, 0.0))
     from ..decoding.calibration import DTYPE_CONTEXT
     from ..decoding.costmodel import CostModel
 
     step_ms = {
         d: CostModel.from_dict(c).step_cost(DTYPE_CONTEXT) for d, c in calibration["cost_models"].items()
     }
+    compile_s = ours_compile_s = compiled_calibration = None
+    fast_compiled = fast
     if p.compiled:
-        from ..decoding.calibration import cost_model_for
+        from ..bench.runners import compiled_copy
+        from ..decoding.calibration import cost_model_for, dtype_tree_cost
+        from ..decoding.compiled import warm_compiled
 
-        # the compiled forward's cost model (the compiled auto rows size their trees from it: measured
-        # here rather than in their first decode), whose step sizes the compiled rows' decodes
+        # the compiled forward's cost model in each dtype (compiling our verifier's graphs in it):
+        # the compiled rows run in the dtype whose compiled forward is fastest, which can differ from
+        # the eager one's (bf16 emulated: its compiled forward wins where its eager one loses), and
+        # the compiled auto rows size their trees from it (measured here, not in their first decode)
         measured = time.perf_counter()
-        step_ms["compiled"] = cost_model_for(models[fast].verifier, compiled=True).step_cost(DTYPE_CONTEXT)
+        compiled_costs = {d: cost_model_for(models[d].verifier, compiled=True) for d in p.dtypes}
+        fast_compiled = min(compiled_costs, key=lambda d: dtype_tree_cost(compiled_costs[d]))
+        compiled_calibration = {
+            **{k: v for k, v in calibration.items() if k != "cost_models"},
+            "fastest_dtype": fast_compiled,
+            "cost_models": {d: c.to_dict() for d, c in compiled_costs.items()},
+        }
+        for d, c in compiled_costs.items():
+            step_ms[f"compiled_{d}"] = c.step_cost(DTYPE_CONTEXT)
+        calibrated_s = time.perf_counter() - measured
+        print(
+            f"compiled our verifier in {', '.join(p.dtypes)} and measured it in {calibrated_s:.0f} s; "
+            f"fast dtype of the compiled forward: {fast_compiled}",
+            flush=True,
+        )
+        # compiled now, measured, untimed (the bench then reuses the copy)
+        compile_s = compiled_copy(models[fast_compiled].verifier)[1]
+        print(f"compiled HF generate's copy in {compile_s:.0f} s", flush=True)
+        # the DFlash drafter's round (the verifier's graphs are compiled already): compiled now too
+        ours_compile_s = calibrated_s + warm_compiled(
+            models[fast_compiled].verifier, drafter=models[fast_compiled].drafters.get("dflash")
+        )
+        print(
+            f"compiled our verifier's tree forward and the drafter's round in {ours_compile_s:.0f} s",
+            flush=True,
+        )
+        # the compiles come off the bench's budget, so the demo's whole stays within its 20 minutes
+        # on a cold inductor cache however long this machine takes to compile
         if p.bench_budget_s is not None:
-            p = replace(p, bench_budget_s=max(p.bench_budget_s - (time.perf_counter() - measured), 0.0))
-    methods, problems, plan = size_to_budget(smollm2_methods(p, fast, assets), p, step_ms)
+            p = replace(p, bench_budget_s=max(p.bench_budget_s - compile_s - ours_compile_s, 0.0))
+    methods, problems, plan = size_to_budget(smollm2_methods(p, fast, assets, fast_compiled), p, step_ms)
     plan["compile_s"] = compile_s
     plan["ours_compile_s"] = ours_compile_s
     print(
@@ -658,6 +695,9 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     report["calibration"] = calibration
     write_calibration(calibration, out)
     report["fast_dtype"] = fast
+    report["fast_compiled_dtype"] = fast_compiled
+    if compiled_calibration is not None:
+        report["compiled_calibration"] = compiled_calibration
     # what load_pair's compile="auto" resolves to here (the never-slower target reads that row),
     # and what its first call waits for: compiling both graphs (this run's cold-cache figure)
     report["pair_defaults"] = {
@@ -675,6 +715,8 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     with open(out / "bench.md", "a") as f:
         f.write("\n" + _cost_table(report["drafter_cost"], fastest, cost_drafter) + "\n" + text)
         f.write("\n" + calibration_table(calibration))
+        if compiled_calibration is not None:
+            f.write("\n" + calibration_table(compiled_calibration))
     print((out / "bench.md").read_text())
     print(f"demo finished in {time.perf_counter() - start:.0f} s; outputs in {out}/")
     (out / "demo.json").write_text(json.dumps({"seconds": time.perf_counter() - start, "preset": preset}))

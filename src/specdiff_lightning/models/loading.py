@@ -60,6 +60,7 @@ def load_verifier(
     attn_implementation: str = GROUPED_SDPA,
     tiny: dict | None = None,
     kernels: str | None = "auto",
+    compiled: bool = False,
     **model_kwargs,
 ) -> PreTrainedModel:
     """A frozen causal LM in eval mode with gradients off.
@@ -78,13 +79,18 @@ def load_verifier(
             bfloat16 by their measured cost of a draft tree's forward, cached per machine; on a GPU
             bfloat16 where supported). Tiny presets are test models: "auto" is float32 for them.
             ``model.dtype_choice`` says what "auto" chose.
+        compiled: with ``dtype="auto"``, choose by the cost of the compiled forward, for a model
+            that will decode compiled (``speculative_generate(..., compile=True)``): where bf16 is
+            emulated its compiled forward can win while its eager one loses. Its first use on a
+            machine compiles the model in each dtype (minutes on a CPU; cached after).
         kernels: ``"auto"`` (default): the linear layers compute few-row products with the kernel
             measured faster here (:mod:`~specdiff_lightning.decoding.kernels`: ``W @ x^T`` where
             float32 ``F.linear``'s small-M path is slow; chosen once per machine, model and dtype);
             None: stock ``F.linear``. Tiny presets always use stock kernels.
         model_kwargs: passed to ``from_pretrained`` (``device_map``, ``revision``...).
     """
-    from ..decoding.calibration import check_dtype_runs, fastest_dtype, prepare_kernels
+    from ..decoding.calibration import check_dtype_runs, in_fastest_dtype, prepare_kernels
+    from ..decoding.kernels import use_linear_kernels
 
     dtype = resolve_dtype(dtype)
     auto = dtype == "auto" or dtype is None
@@ -109,12 +115,14 @@ def load_verifier(
     if kernels == "auto" and not spec.startswith(TINY_PREFIX):
         prepare_kernels(model)
     if auto:
-        chosen = fastest_dtype(model)
-        if chosen != model.dtype:
-            model.to(chosen)
-            if kernels == "auto":
-                prepare_kernels(model)
-        model.dtype_choice = f"auto: {str(chosen).removeprefix('torch.')} (fastest measured here)"
+        own = model.dtype
+        model = in_fastest_dtype(model, compiled=compiled)
+        if model.dtype != own and kernels != "auto":
+            use_linear_kernels(model, set())  # the measured copy's kernels, back to stock
+        forward = "compiled forward" if compiled else "eager forward"
+        model.dtype_choice = (
+            f"auto: {str(model.dtype).removeprefix('torch.')} (fastest measured here, {forward})"
+        )
     else:
         check_dtype_runs(next(model.parameters()).dtype, next(model.parameters()).device)
     return model
