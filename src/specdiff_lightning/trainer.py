@@ -141,12 +141,16 @@ class SpecDiffTrainer(L.Trainer):
             ckpt_path: a ``fit`` checkpoint whose drafter weights to benchmark.
             calibrate: measure (again) this machine's cost model of the verifier in float32 and
                 bfloat16, print it, write ``calibration.{json,md,png}`` to ``output_dir`` and stop:
-                what ``tree: auto`` and ``dtype: auto`` read.
+                what ``tree: auto`` and ``dtype: auto`` read. With ``decoding.compile`` the compiled
+                forward's (compiling it in each dtype: minutes on a CPU).
         """
         if calibrate:
             from .bench.calibrate import calibrate_verifier, write_calibration
 
-            report = calibrate_verifier(model.verifier.to(self.strategy.root_device), refresh=True)
+            # the forward the config decodes through: compiled (decoding.compile) or eager
+            report = calibrate_verifier(
+                model.verifier.to(self.strategy.root_device), refresh=True, compiled=model.decoding.compile
+            )
             out = write_calibration(report, output_dir)
             print((out / "calibration.md").read_text())
             print(f"calibration written to {out}/ (calibration.json, calibration.md, calibration.png)")

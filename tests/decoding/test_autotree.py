@@ -126,26 +126,47 @@ def test_dtype_auto_compares_the_forward_that_will_decode(tmp_path, monkeypatch)
     monkeypatch.setenv("SPECDIFF_CALIBRATION_DIR", str(tmp_path))
     model = tiny_model("llama", vocab_size=32, hidden_size=16, num_layers=1)
 
-    def cache(dtype, compiled, per_node_ms):  # times far below the machine's: never stale
+    def cache(dtype, compiled, step_ms, per_node_ms):  # times far below the machine's: never stale
         # a cast copy's key names the kernels chosen for it (cached on disk, as the copy will read)
         as_measured = (
             model if dtype == model.dtype else calibration.prepare_kernels(copy.deepcopy(model).to(dtype))
         )
         key = calibration_key(as_measured, compiled=compiled)
         nodes = [1, 2, 4, 8, 16]
-        row = [1e-6 + per_node_ms * n for n in nodes]
+        row = [step_ms + per_node_ms * n for n in nodes]
         save_cost_model(CostModel(nodes, [16, 512], [row, row], key), calibration._path(key, None))
 
-    cache(torch.float32, False, 1e-7)
-    cache(torch.bfloat16, False, 2e-7)  # eager: float32 wins
-    cache(torch.float32, True, 2e-7)
-    cache(torch.bfloat16, True, 1e-7)  # compiled: bf16 wins
+    cache(torch.float32, False, 1e-6, 1e-7)
+    cache(torch.bfloat16, False, 1e-6, 2e-7)  # eager: float32 wins
+    cache(torch.float32, True, 1e-4, 0.0)
+    cache(torch.bfloat16, True, 5e-5, 0.0)  # compiled rounds: bf16's cost half (the prefill is eager)
     assert calibration.in_fastest_dtype(model) is model
     chosen = calibration.in_fastest_dtype(model, compiled=True)
     assert chosen is not model and chosen.dtype == torch.bfloat16 and model.dtype == torch.float32
     assert calibration.fastest_dtype(model, compiled=True) == torch.bfloat16
     key = calibration_key(chosen, compiled=True)
     assert calibration._key_hash(key) + "None" not in calibration._MEMO  # unchecked: not memoised
+
+
+def test_the_dtype_is_priced_by_a_request_whose_prefill_runs_eagerly():
+    """Measured under AVX2 emulation (stop 40): the compiled bf16 forward verifies a 4-node tree
+    faster than float32's, and a choice by that forward alone took bf16; but both forwards prefill
+    eagerly, where emulated bf16 is compute-bound, and there plain compiled decoding ran 45.9 tok/s
+    in bf16 against 48.9 in float32. The request's price (prefill + rounds) chooses float32."""
+    from pathlib import Path
+
+    from specdiff_lightning.bench.calibrate import calibration_report
+    from specdiff_lightning.decoding.calibration import COMPILED_DTYPE_TREE_NODES, DTYPE_CONTEXT
+
+    run = json.loads((Path(__file__).parents[1] / "fixtures" / "calibration_avx2_emulated.json").read_text())
+    eager = {d: CostModel.from_dict(c) for d, c in run["eager"].items()}
+    compiled = {d: CostModel.from_dict(c) for d, c in run["compiled"].items()}
+    rounds_only = {d: c.verifier_cost(COMPILED_DTYPE_TREE_NODES, DTYPE_CONTEXT) for d, c in compiled.items()}
+    assert min(rounds_only, key=rounds_only.get) == "bfloat16"  # the forward alone misleads
+    measured = run["measured"]["plain_compiled_tok_s"]
+    assert max(measured, key=measured.get) == "float32"
+    assert calibration_report(eager, compiled)["fastest_dtype"] == "float32"
+    assert calibration_report(eager)["fastest_dtype"] == "float32"
 
 
 def test_the_machine_names_its_cpu_family_and_model(tmp_path, monkeypatch):

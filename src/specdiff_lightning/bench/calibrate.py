@@ -16,37 +16,65 @@ from torch import nn
 from ..decoding.calibration import (
     COMPILED_DTYPE_TREE_NODES,
     DTYPE_CONTEXT,
+    DTYPE_NEW_TOKENS,
+    DTYPE_TOKENS_PER_ROUND,
     DTYPE_TREE_NODES,
     cost_model_for,
-    dtype_tree_cost,
+    dtype_request_cost,
     machine_info,
     prepare_kernels,
 )
 
-__all__ = ["calibrate_verifier", "calibration_table", "plot_calibration", "write_calibration"]
+__all__ = [
+    "calibrate_verifier",
+    "calibration_report",
+    "calibration_table",
+    "plot_calibration",
+    "write_calibration",
+]
 
 
 def calibrate_verifier(
-    verifier: nn.Module, dtypes: tuple[str, ...] = ("float32", "bfloat16"), refresh: bool = False
+    verifier: nn.Module,
+    dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+    refresh: bool = False,
+    compiled: bool = False,
 ) -> dict:
-    """``{"machine", "context", "fastest_dtype", "cost_models": {dtype: CostModel dict}}`` for
-    ``verifier`` cast to each of ``dtypes`` (cached cost models are reused unless ``refresh``)."""
+    """``{"machine", "context", "fastest_dtype", "request_ms", "cost_models": {dtype: CostModel
+    dict}}`` for ``verifier`` cast to each of ``dtypes`` (cached cost models are reused unless
+    ``refresh``). ``compiled``: ``cost_models`` are the compiled forward's (compiling it in each
+    dtype) and ``eager_cost_models`` the eager one's, which prices the prefill; ``request_ms`` is
+    each dtype's :func:`~specdiff_lightning.decoding.calibration.dtype_request_cost`, whose least
+    is ``fastest_dtype``."""
     own = next(verifier.parameters()).dtype
-    models = {}
+    eager, fast = {}, {}
     for name in dtypes:
         dtype = getattr(torch, name)
         model = verifier if dtype == own else copy.deepcopy(verifier).to(dtype)
         if model is not verifier and hasattr(verifier, "linear_kernels"):
             # the verifier's kernels were chosen for its own dtype: choose this dtype's
             prepare_kernels(model)
-        models[name] = cost_model_for(model, refresh=refresh)
-    fastest = min(models, key=lambda d: dtype_tree_cost(models[d]))
-    return {
-        "machine": machine_info(next(verifier.parameters()).device),
+        eager[name] = cost_model_for(model, refresh=refresh)
+        if compiled:
+            fast[name] = cost_model_for(model, refresh=refresh, compiled=True)
+    return calibration_report(eager, fast or None, next(verifier.parameters()).device)
+
+
+def calibration_report(eager: dict, compiled: dict | None = None, device: str | torch.device = "cpu") -> dict:
+    """The report of :func:`calibrate_verifier` from cost models already measured (dtype name ->
+    :class:`~specdiff_lightning.decoding.costmodel.CostModel`, eager and, optionally, compiled)."""
+    request = {d: dtype_request_cost(eager[d], compiled[d] if compiled else None) for d in eager}
+    report = {
+        "machine": machine_info(device),
         "context": DTYPE_CONTEXT,
-        "fastest_dtype": fastest,
-        "cost_models": {d: m.to_dict() for d, m in models.items()},
+        "forward": "compiled" if compiled else "eager",
+        "fastest_dtype": min(request, key=request.get),
+        "request_ms": request,
+        "cost_models": {d: m.to_dict() for d, m in (compiled or eager).items()},
     }
+    if compiled:
+        report["eager_cost_models"] = {d: m.to_dict() for d, m in eager.items()}
+    return report
 
 
 def calibration_table(report: dict) -> str:
@@ -66,9 +94,16 @@ def calibration_table(report: dict) -> str:
         + ")",
         "",
         f"Verifier{' compiled' if compiled else ''} forward over n new tokens after {context} cached ones, "
-        "as a multiple of a one-token step (medians, non-decreasing); fastest dtype here (by a "
-        f"{COMPILED_DTYPE_TREE_NODES if compiled else DTYPE_TREE_NODES}-node tree): "
-        f"**{report['fastest_dtype']}**.",
+        "as a multiple of a one-token step (medians, non-decreasing); fastest dtype here: "
+        f"**{report['fastest_dtype']}**, by the time of a request of a {DTYPE_CONTEXT}-token prompt "
+        f"(prefilled eagerly) and {DTYPE_NEW_TOKENS} new tokens in rounds of "
+        f"{COMPILED_DTYPE_TREE_NODES if compiled else DTYPE_TREE_NODES}-node trees adding "
+        f"{DTYPE_TOKENS_PER_ROUND:g} tokens each"
+        + (
+            " (" + ", ".join(f"{d} {ms / 1e3:.2f} s" for d, ms in report["request_ms"].items()) + ")."
+            if report.get("request_ms")
+            else "."
+        ),
         "",
         "| dtype | 1 token | "
         + " | ".join(str(n) for n in nodes[1:])

@@ -47,7 +47,7 @@ __all__ = [
     "save_cost_model",
     "fastest_dtype",
     "in_fastest_dtype",
-    "dtype_tree_cost",
+    "dtype_request_cost",
     "prepare_kernels",
     "slower_than_plain",
     "slowdown_text",
@@ -61,6 +61,8 @@ __all__ = [
     "COMPILED_CONTEXTS",
     "DTYPE_TREE_NODES",
     "COMPILED_DTYPE_TREE_NODES",
+    "DTYPE_NEW_TOKENS",
+    "DTYPE_TOKENS_PER_ROUND",
 ]
 
 DEFAULT_NODES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -344,25 +346,39 @@ def stale_step(cost: CostModel, model: nn.Module, compiled: bool = False) -> str
     )
 
 
-#: the tree size whose forward decides the fastest dtype: a typical round's tree (a one-token step
-#: alone would mislead where bf16 is emulated: its step is faster, its multi-token forwards far slower)
+#: the tree size of an eager round in the request :func:`dtype_request_cost` prices (a one-token
+#: step alone would mislead where bf16 is emulated: its step is faster, its multi-token forwards far
+#: slower)
 DTYPE_TREE_NODES = 8
-#: the same for a compiled decode, whose rounds verify smaller trees: its one-token step is about
-#: half the eager one, so each node costs twice as many steps and tree: auto stops sooner. Without
-#: AMX inductor's bf16 GEMMs turn compute-bound beyond 4 rows (a 5-node tree cost 1.75x a 4-node
-#: one on Zen 4, docs/results.md stop 39), so compiled decodes there verify 4 nodes or fewer, and an
-#: 8-node forward would choose float32 where bf16 decodes 1.44x faster. The choice compares forward
-#: timings on random tokens, not decoding results.
+#: the same for a compiled round, which verifies smaller trees: its one-token step is about half
+#: the eager one, so each node costs twice as many steps and tree: auto stops sooner; without AMX,
+#: inductor's bf16 GEMMs turn compute-bound beyond 4 rows (a 5-node tree cost 1.75x a 4-node one
+#: on Zen 4, docs/results.md stop 39), so compiled rounds there verify 4 nodes or fewer
 COMPILED_DTYPE_TREE_NODES = 4
-#: the context length at which dtypes are compared
+#: the context length at which dtypes are compared, and the prompt of the priced request
 DTYPE_CONTEXT = 256
+#: the priced request's new tokens and the tokens a round adds (the shipped drafter's rounds
+#: add 2.1-3.6, docs/results.md; plain decoding's 1)
+DTYPE_NEW_TOKENS = 128
+DTYPE_TOKENS_PER_ROUND = 2.0
 
 
-def dtype_tree_cost(cost: CostModel) -> float:
-    """What decides the fastest dtype: a :data:`DTYPE_TREE_NODES`-node forward at :data:`DTYPE_CONTEXT`
-    (:data:`COMPILED_DTYPE_TREE_NODES` nodes for a compiled forward's cost model)."""
-    compiled = cost.key.get("forward") == "compiled"
-    return cost.verifier_cost(COMPILED_DTYPE_TREE_NODES if compiled else DTYPE_TREE_NODES, DTYPE_CONTEXT)
+def dtype_request_cost(eager: CostModel, compiled: CostModel | None = None) -> float:
+    """What decides the fastest dtype: milliseconds of a typical request in the dtype of ``eager``
+    (its eager forward's cost model): the prefill of a :data:`DTYPE_CONTEXT`-token prompt, which
+    runs eagerly in both forwards (a compiled prefill would compile once per prompt length), then
+    :data:`DTYPE_NEW_TOKENS` new tokens in rounds of :data:`DTYPE_TOKENS_PER_ROUND`, each a tree's
+    forward (:data:`DTYPE_TREE_NODES` nodes) or, given the ``compiled`` forward's cost model, a
+    compiled one's (:data:`COMPILED_DTYPE_TREE_NODES`).
+
+    The prefill matters where bf16 is emulated (AVX2-only CPUs): there the compiled bf16 forward
+    verifies a round faster than float32's while its eager prefill, compute-bound, costs several
+    times float32's, and a request of a 256-token prompt and 128 new tokens is slower in bf16
+    (docs/results.md stop 40)."""
+    prefill = eager.verifier_cost(DTYPE_CONTEXT, min(eager.contexts))
+    forward, nodes = (compiled, COMPILED_DTYPE_TREE_NODES) if compiled else (eager, DTYPE_TREE_NODES)
+    rounds = DTYPE_NEW_TOKENS / DTYPE_TOKENS_PER_ROUND
+    return prefill + rounds * forward.verifier_cost(nodes, DTYPE_CONTEXT)
 
 
 def check_dtype_runs(dtype: torch.dtype, device: torch.device | str) -> None:
@@ -397,7 +413,8 @@ def in_fastest_dtype(
     ``model`` itself, or the cast copy (linear kernels prepared, :func:`prepare_kernels`) that was
     measured to choose it.
 
-    On a CPU: float32 or bfloat16, compared by their cost models (:func:`dtype_tree_cost`), cached;
+    On a CPU: float32 or bfloat16, compared by the time of a typical request their cost models
+    predict (:func:`dtype_request_cost`: an eager prefill, then rounds of small trees), cached;
     the first call measures each dtype on a cast copy. ``compiled``: by the compiled forward's cost
     models, the forward a compiled decode runs; where bf16 is emulated (AVX2-only CPUs) its eager
     multi-token forwards lose to float32 while its compiled ones win (docs/results.md), so the two
@@ -422,8 +439,8 @@ def in_fastest_dtype(
         # a compiled forward's cached file is read unchecked: checking times the forward, which
         # would compile a dtype this process may not decode in (the chosen one is checked when
         # its decode asks for the cost model)
-        cost = cost_model_for(candidate, compiled=compiled, check_stale=not compiled)
-        costs[dtype] = dtype_tree_cost(cost)
+        fast = cost_model_for(candidate, compiled=True, check_stale=False) if compiled else None
+        costs[dtype] = dtype_request_cost(cost_model_for(candidate), fast)
     chosen = min(costs, key=costs.get)
     return model if chosen == own else copies[chosen]
 

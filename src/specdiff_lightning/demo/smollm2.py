@@ -600,8 +600,9 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     compile_s = ours_compile_s = compiled_calibration = None
     fast_compiled = fast
     if p.compiled:
+        from ..bench.calibrate import calibration_report
         from ..bench.runners import compiled_copy
-        from ..decoding.calibration import cost_model_for, dtype_tree_cost
+        from ..decoding.calibration import cost_model_for
         from ..decoding.compiled import warm_compiled
 
         # the compiled forward's cost model in each dtype (compiling our verifier's graphs in it):
@@ -610,12 +611,10 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
         # the compiled auto rows size their trees from it (measured here, not in their first decode)
         measured = time.perf_counter()
         compiled_costs = {d: cost_model_for(models[d].verifier, compiled=True) for d in p.dtypes}
-        fast_compiled = min(compiled_costs, key=lambda d: dtype_tree_cost(compiled_costs[d]))
-        compiled_calibration = {
-            **{k: v for k, v in calibration.items() if k != "cost_models"},
-            "fastest_dtype": fast_compiled,
-            "cost_models": {d: c.to_dict() for d, c in compiled_costs.items()},
-        }
+        eager_costs = {d: CostModel.from_dict(calibration["cost_models"][d]) for d in p.dtypes}
+        # by a request's time: the prefill runs eagerly in both forwards (dtype_request_cost)
+        compiled_calibration = calibration_report(eager_costs, compiled_costs)
+        fast_compiled = compiled_calibration["fastest_dtype"]
         for d, c in compiled_costs.items():
             step_ms[f"compiled_{d}"] = c.step_cost(DTYPE_CONTEXT)
         calibrated_s = time.perf_counter() - measured

@@ -99,7 +99,9 @@ class DrafterDistillation(L.LightningModule):
                 f"verifier_logprobs=None); declare a need for verifier_logprobs with @uses_verifier_logprobs"
             )
         self.needs_verifier_probs = needs_verifier_logprobs(self.loss_fn)
-        verifier_model = load_verifier(verifier, **(verifier_kwargs or {}))
+        # dtype "auto" compares the forward predict will decode through (compiled or eager)
+        compiled = bool(decoding is not None and decoding.compile)
+        verifier_model = load_verifier(verifier, **{"compiled": compiled, **(verifier_kwargs or {})})
         if getattr(verifier_model, "hf_device_map", None):
             # Placed across devices by accelerate (device_map): keep it out of the module tree so
             # Lightning never moves it; it is frozen and never checkpointed anyway.
