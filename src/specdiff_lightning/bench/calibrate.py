@@ -160,7 +160,8 @@ def plot_calibration(report: dict, path: str | Path) -> None:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"Verifier cost on {report['machine']['cpu'][:40]}", fontsize=9)
+    forward = "compiled verifier" if report.get("forward") == "compiled" else "Verifier"
+    ax.set_title(f"{forward.capitalize()} cost on {report['machine']['cpu'][:40]}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -401,7 +401,7 @@ def check_dtype_runs(dtype: torch.dtype, device: torch.device | str) -> None:
 def fastest_dtype(
     model: nn.Module, candidates: tuple[torch.dtype, ...] | None = None, compiled: bool = False
 ) -> torch.dtype:
-    """The dtype in which ``model`` runs a typical draft tree's forward fastest on this machine:
+    """The dtype in which ``model`` decodes a typical request fastest on this machine:
     :func:`in_fastest_dtype`'s choice, without keeping the cast copy."""
     return next(in_fastest_dtype(model, candidates, compiled).parameters()).dtype
 
@@ -409,16 +409,15 @@ def fastest_dtype(
 def in_fastest_dtype(
     model: nn.Module, candidates: tuple[torch.dtype, ...] | None = None, compiled: bool = False
 ) -> nn.Module:
-    """``model`` in the dtype that runs a typical draft tree's forward fastest on this machine:
-    ``model`` itself, or the cast copy (linear kernels prepared, :func:`prepare_kernels`) that was
-    measured to choose it.
+    """``model`` in the dtype that decodes a typical request fastest on this machine: ``model``
+    itself, or the cast copy (linear kernels prepared, :func:`prepare_kernels`) that was measured
+    to choose it.
 
     On a CPU: float32 or bfloat16, compared by the time of a typical request their cost models
     predict (:func:`dtype_request_cost`: an eager prefill, then rounds of small trees), cached;
-    the first call measures each dtype on a cast copy. ``compiled``: by the compiled forward's cost
-    models, the forward a compiled decode runs; where bf16 is emulated (AVX2-only CPUs) its eager
-    multi-token forwards lose to float32 while its compiled ones win (docs/results.md), so the two
-    forwards can choose differently. Measuring a compiled forward compiles it (minutes, once per
+    the first call measures each dtype on a cast copy. ``compiled``: the rounds are priced by the
+    compiled forward's cost models, the forward a compiled decode runs, which can differ from the
+    eager one's in which dtype is faster. Measuring a compiled forward compiles it (minutes, once per
     machine and dtype); later processes read the cached cost models without compiling the dtype
     they do not decode in. On a GPU: bfloat16 where supported, else float16, unmeasured (float32
     decodes slower on every GPU this project targets)."""

@@ -693,6 +693,10 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
     report["machine"] = {**report.get("machine", {}), **machine_info()}  # + CPU model and kernel flags
     report["calibration"] = calibration
     write_calibration(calibration, out)
+    if compiled_calibration is not None:
+        from ..bench.calibrate import plot_calibration
+
+        plot_calibration(compiled_calibration, out / "calibration_compiled.png")
     report["fast_dtype"] = fast
     report["fast_compiled_dtype"] = fast_compiled
     if compiled_calibration is not None:

@@ -75,14 +75,14 @@ def load_verifier(
             ``"sdpa"`` or ``"eager"``.
         tiny: sizes for a tiny preset (``vocab_size``, ``hidden_size``, ``num_layers``, ``seed``...).
         dtype: a dtype, or ``"auto"`` (default): the one this machine runs the model fastest in
-            (:func:`~specdiff_lightning.decoding.calibration.fastest_dtype`: on a CPU float32 or
-            bfloat16 by their measured cost of a draft tree's forward, cached per machine; on a GPU
-            bfloat16 where supported). Tiny presets are test models: "auto" is float32 for them.
+            (:func:`~specdiff_lightning.decoding.calibration.in_fastest_dtype`: on a CPU float32 or
+            bfloat16 by the time their measured cost models predict for a typical request, an
+            eager prefill and rounds of small trees, cached per machine; on a GPU bfloat16 where
+            supported). Tiny presets are test models: "auto" is float32 for them.
             ``model.dtype_choice`` says what "auto" chose.
-        compiled: with ``dtype="auto"``, choose by the cost of the compiled forward, for a model
-            that will decode compiled (``speculative_generate(..., compile=True)``): where bf16 is
-            emulated its compiled forward can win while its eager one loses. Its first use on a
-            machine compiles the model in each dtype (minutes on a CPU; cached after).
+        compiled: with ``dtype="auto"``, price the rounds by the compiled forward, for a model
+            that will decode compiled (``speculative_generate(..., compile=True)``). Its first use
+            on a machine compiles the model in each dtype (minutes on a CPU; cached after).
         kernels: ``"auto"`` (default): the linear layers compute few-row products with the kernel
             measured faster here (:mod:`~specdiff_lightning.decoding.kernels`: ``W @ x^T`` where
             float32 ``F.linear``'s small-M path is slow; chosen once per machine, model and dtype);
