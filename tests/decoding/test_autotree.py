@@ -114,6 +114,19 @@ def test_a_cached_cost_model_slower_than_the_machine_is_measured_again(tmp_path)
     assert cost_model_for(model, directory=tmp_path / "fast", **kwargs) == kept
 
 
+def test_the_memo_follows_the_calibration_directory(tmp_path, monkeypatch):
+    """A process that points $SPECDIFF_CALIBRATION_DIR elsewhere reads that directory's file, not
+    the cost model it memoised for the first one."""
+    model = tiny_model("llama", vocab_size=32, hidden_size=16, num_layers=1)
+    kwargs = dict(nodes=(1, 2, 4), contexts=(8,), repeats=1)
+    monkeypatch.setenv("SPECDIFF_CALIBRATION_DIR", str(tmp_path / "first"))
+    first = cost_model_for(model, **kwargs)
+    other = _cached_copy(tmp_path / "first", tmp_path / "second", 1e-3)  # faster: kept, not stale
+    monkeypatch.setenv("SPECDIFF_CALIBRATION_DIR", str(tmp_path / "second"))
+    read = cost_model_for(model, **kwargs)
+    assert read == load_cost_model(other, calibration_key(model)) and read != first
+
+
 def test_dtype_auto_compares_the_forward_that_will_decode(tmp_path, monkeypatch):
     """Where bf16 is emulated (AVX2-only CPUs) its eager multi-token forwards lose to float32's while
     its compiled ones win: ``in_fastest_dtype`` reads the cost models of the forward asked for. Cached
@@ -144,8 +157,8 @@ def test_dtype_auto_compares_the_forward_that_will_decode(tmp_path, monkeypatch)
     chosen = calibration.in_fastest_dtype(model, compiled=True)
     assert chosen is not model and chosen.dtype == torch.bfloat16 and model.dtype == torch.float32
     assert calibration.fastest_dtype(model, compiled=True) == torch.bfloat16
-    key = calibration_key(chosen, compiled=True)
-    assert calibration._key_hash(key) + "None" not in calibration._MEMO  # unchecked: not memoised
+    path = calibration._path(calibration_key(chosen, compiled=True), None)
+    assert str(path) not in calibration._MEMO  # unchecked: not memoised
 
 
 def test_the_dtype_is_priced_by_a_request_whose_prefill_runs_eagerly():

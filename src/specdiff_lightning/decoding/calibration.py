@@ -297,10 +297,12 @@ def cost_model_for(
     dtypes a model is not going to decode in. Such a read is not memoised, so the model that does
     decode is checked when it asks."""
     key = calibration_key(model, compiled=compiled)
-    memo = _key_hash(key) + str(directory)
+    path = _path(key, Path(directory) if directory is not None else None)
+    # memoised by the file (its name holds the key's hash), not the key alone: the directory
+    # ($SPECDIFF_CALIBRATION_DIR) may change within a process
+    memo = str(path)
     if not refresh and memo in _MEMO:
         return _MEMO[memo]
-    path = _path(key, Path(directory) if directory is not None else None)
     cost = None if refresh else load_cost_model(path, key)
     if cost is not None and not check_stale:
         return cost
