@@ -431,7 +431,7 @@ def in_fastest_dtype(
         chosen = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return model if chosen == own else model.to(chosen)
     candidates = candidates or (torch.float32, torch.bfloat16)
-    costs, copies = {}, {}
+    costs, copies, compiled_here = {}, {}, False
     for dtype in candidates:
         if dtype == own:
             candidate = model
@@ -440,8 +440,17 @@ def in_fastest_dtype(
         # a compiled forward's cached file is read unchecked: checking times the forward, which
         # would compile a dtype this process may not decode in (the chosen one is checked when
         # its decode asks for the cost model)
-        fast = cost_model_for(candidate, compiled=True, check_stale=False) if compiled else None
+        fast = None
+        if compiled:
+            compiled_here |= load_cost_model(_path(calibration_key(candidate, compiled=True), None)) is None
+            fast = cost_model_for(candidate, compiled=True, check_stale=False)
         costs[dtype] = dtype_request_cost(cost_model_for(candidate), fast)
+    if compiled_here:
+        # Measured here, the graphs of every dtype stay in dynamo's cache of the forward they share
+        # (their module guards are skipped: compiled.compiled_forward). A process that went on to
+        # decode with them ran 71-77 tok/s where a fresh one ran 121 (stop 40): start clean, and
+        # let the chosen model compile again for its decode (once per machine, at first use)
+        torch._dynamo.reset()
     chosen = min(costs, key=costs.get)
     return model if chosen == own else copies[chosen]
 
