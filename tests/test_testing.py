@@ -36,3 +36,4 @@ def test_samples_to_detect_is_the_fewest_multiple_of_500_with_the_power():
     assert n % 500 == 0
     assert detection_power(PROBS, n, 0.02, 1e-3) >= 0.999 > detection_power(PROBS, n - 500, 0.02, 1e-3)
     assert samples_to_detect(PROBS, power=0.999, at_least=10**6) == 10**6
+    assert samples_to_detect({0: 0.5, 1: 0.5}, bias=0.2, at_least=1001) == 1500  # rounded up

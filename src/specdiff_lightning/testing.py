@@ -137,7 +137,7 @@ def samples_to_detect(
     sample with it, so that its check "these counts reject a biased reference" holds on any run,
     not by the luck of one seed: at 6,000 draws a flatter distribution is caught only ~99% of
     the time."""
-    n = max(500, at_least - at_least % 500)
+    n = max(500, -(-at_least // 500) * 500)  # at_least rounded up to a multiple of 500
     while detection_power(probs, n, bias, alpha) < power:
         n += 500
     return n

@@ -429,7 +429,7 @@ def in_fastest_dtype(
     own = next(model.parameters()).dtype
     if device.type == "cuda":
         chosen = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return model if chosen == own else model.to(chosen)
+        return model if chosen == own else prepare_kernels(model.to(chosen))
     candidates = candidates or (torch.float32, torch.bfloat16)
     costs, copies, compiled_here = {}, {}, False
     for dtype in candidates:

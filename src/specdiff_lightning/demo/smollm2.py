@@ -116,8 +116,8 @@ def load_smollm2_pair(dtype: str, assets: Path = ASSETS, head_vocab: int | None 
 
 #: the rows: (key, label, kind, decoding, options, {dtype: repeats}); None repeats: the preset's.
 #: "fast" is the dtype the machine runs the verifier fastest in (measured: bf16 where the CPU has
-#: bf16 instructions, float32 where bf16 is emulated), by the forward the row decodes through: a
-#: compiled row's is the compiled forward's, which can be bf16 where the eager one is float32;
+#: bf16 instructions, float32 where bf16 is emulated), priced for the forward the row decodes
+#: through (calibration.dtype_request_cost: a compiled row's rounds by the compiled forward);
 #: "all" is every dtype the run loaded. Speed rows run in it, HF generate in both (the
 #: speed-up denominator is the faster), and our verifier loop and the auto-tree row (every draft
 #: source: the drafter's chain, runner-ups, context copies) once more in float32, where
@@ -135,8 +135,7 @@ _ROWS = (
     # our loop's plain decoding through the compiled verifier: plain decoding too, so it joins the
     # denominator wherever it beats HF's compiled generate (its linear layers may take a formulation
     # measured faster here, decoding/kernels.py)
-    # measured in every dtype loaded: the compiled forward's fastest dtype can differ from the eager
-    # one's (where bf16 is emulated), and the denominator is the fastest of all of them
+    # measured in every dtype loaded: the denominator is the fastest plain decoding of any dtype
     ("verifier_compiled", "verifier (ours, compiled)", "verifier", {"compile": True}, {}, {"all": None}),
     ("hf_prompt_lookup", "HF prompt lookup", "hf_prompt_lookup", {}, {}, {"fast": None}),
     ("hf_assisted", "HF assisted (AR drafter)", "hf_assisted", {}, {}, {"fast": None}),
@@ -606,13 +605,12 @@ def run_smollm2_demo(preset: str = "smollm2", root: str | None = None, assets: s
         from ..decoding.compiled import warm_compiled
 
         # the compiled forward's cost model in each dtype (compiling our verifier's graphs in it):
-        # the compiled rows run in the dtype whose compiled forward is fastest, which can differ from
-        # the eager one's (bf16 emulated: its compiled forward wins where its eager one loses), and
+        # the compiled rows run in the dtype whose request prices lowest with compiled rounds, and
         # the compiled auto rows size their trees from it (measured here, not in their first decode)
         measured = time.perf_counter()
         compiled_costs = {d: cost_model_for(models[d].verifier, compiled=True) for d in p.dtypes}
         eager_costs = {d: CostModel.from_dict(calibration["cost_models"][d]) for d in p.dtypes}
-        # by a request's time: the prefill runs eagerly in both forwards (dtype_request_cost)
+        # by a request's time, whose prefill runs eagerly in both forwards (dtype_request_cost)
         compiled_calibration = calibration_report(eager_costs, compiled_costs)
         fast_compiled = compiled_calibration["fastest_dtype"]
         for d, c in compiled_costs.items():
