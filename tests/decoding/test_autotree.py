@@ -132,8 +132,6 @@ def test_dtype_auto_compares_the_forward_that_will_decode(tmp_path, monkeypatch)
     its compiled ones win: ``in_fastest_dtype`` reads the cost models of the forward asked for. Cached
     compiled files are read without timing the model (that would compile a dtype it may not decode
     in), and that unchecked read is not memoised: the chosen model is checked when it decodes."""
-    import copy
-
     from specdiff_lightning.decoding import calibration
 
     monkeypatch.setenv("SPECDIFF_CALIBRATION_DIR", str(tmp_path))
@@ -141,9 +139,7 @@ def test_dtype_auto_compares_the_forward_that_will_decode(tmp_path, monkeypatch)
 
     def cache(dtype, compiled, step_ms, per_node_ms):  # times far below the machine's: never stale
         # a cast copy's key names the kernels chosen for it (cached on disk, as the copy will read)
-        as_measured = (
-            model if dtype == model.dtype else calibration.prepare_kernels(copy.deepcopy(model).to(dtype))
-        )
+        as_measured = calibration.in_dtype(model, dtype)
         key = calibration_key(as_measured, compiled=compiled)
         nodes = [1, 2, 4, 8, 16]
         row = [step_ms + per_node_ms * n for n in nodes]
@@ -159,6 +155,21 @@ def test_dtype_auto_compares_the_forward_that_will_decode(tmp_path, monkeypatch)
     assert calibration.fastest_dtype(model, compiled=True) == torch.bfloat16
     path = calibration._path(calibration_key(chosen, compiled=True), None)
     assert str(path) not in calibration._MEMO  # unchecked: not memoised
+
+
+def test_a_model_in_another_dtype_is_a_cast_copy_with_that_dtypes_kernels(tmp_path, monkeypatch):
+    """What a dtype's cost model measures and what then decodes in it: one function makes it, for
+    ``dtype: auto`` and ``bench --calibrate`` alike."""
+    from specdiff_lightning.decoding import calibration
+
+    monkeypatch.setenv("SPECDIFF_CALIBRATION_DIR", str(tmp_path))
+    model = tiny_model("llama", vocab_size=32, hidden_size=16, num_layers=1)
+    assert calibration.in_dtype(model, torch.float32) is model
+    cast = calibration.in_dtype(model, torch.bfloat16)
+    assert cast is not model and cast.dtype == torch.bfloat16 and model.dtype == torch.float32
+    assert hasattr(cast, "linear_kernels") and not hasattr(model, "linear_kernels")
+    bare = calibration.in_dtype(model, torch.bfloat16, prepare=False)
+    assert bare.dtype == torch.bfloat16 and not hasattr(bare, "linear_kernels")
 
 
 def test_the_dtype_is_priced_by_a_request_whose_prefill_runs_eagerly():

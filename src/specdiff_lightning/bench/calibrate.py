@@ -6,7 +6,6 @@ verifier's forward time over n new tokens, relative to a one-token step, per dty
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -21,8 +20,8 @@ from ..decoding.calibration import (
     DTYPE_TREE_NODES,
     cost_model_for,
     dtype_request_cost,
+    in_dtype,
     machine_info,
-    prepare_kernels,
 )
 
 __all__ = [
@@ -46,14 +45,10 @@ def calibrate_verifier(
     dtype) and ``eager_cost_models`` the eager one's, which prices the prefill; ``request_ms`` is
     each dtype's :func:`~specdiff_lightning.decoding.calibration.dtype_request_cost`, whose least
     is ``fastest_dtype``."""
-    own = next(verifier.parameters()).dtype
     eager, fast = {}, {}
     for name in dtypes:
-        dtype = getattr(torch, name)
-        model = verifier if dtype == own else copy.deepcopy(verifier).to(dtype)
-        if model is not verifier and hasattr(verifier, "linear_kernels"):
-            # the verifier's kernels were chosen for its own dtype: choose this dtype's
-            prepare_kernels(model)
+        # a verifier whose kernels were chosen for its own dtype: its copies get their dtype's
+        model = in_dtype(verifier, getattr(torch, name), prepare=hasattr(verifier, "linear_kernels"))
         eager[name] = cost_model_for(model, refresh=refresh)
         if compiled:
             fast[name] = cost_model_for(model, refresh=refresh, compiled=True)

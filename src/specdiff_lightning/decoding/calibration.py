@@ -423,8 +423,6 @@ def in_fastest_dtype(
     machine and dtype); later processes read the cached cost models without compiling the dtype
     they do not decode in. On a GPU: bfloat16 where supported, else float16, unmeasured (float32
     decodes slower on every GPU this project targets)."""
-    import copy
-
     device = next(model.parameters()).device
     own = next(model.parameters()).dtype
     if device.type == "cuda":
@@ -433,10 +431,7 @@ def in_fastest_dtype(
     candidates = candidates or (torch.float32, torch.bfloat16)
     costs, copies, compiled_here = {}, {}, False
     for dtype in candidates:
-        if dtype == own:
-            candidate = model
-        else:
-            candidate = copies[dtype] = prepare_kernels(copy.deepcopy(model).to(dtype))
+        candidate = copies[dtype] = in_dtype(model, dtype)
         # a compiled forward's cached file is read unchecked: checking times the forward, which
         # would compile a dtype this process may not decode in (the chosen one is checked when
         # its decode asks for the cost model)
@@ -451,8 +446,19 @@ def in_fastest_dtype(
         # decode with them ran 71-77 tok/s where a fresh one ran 121 (stop 40): start clean, and
         # let the chosen model compile again for its decode (once per machine, at first use)
         torch._dynamo.reset()
-    chosen = min(costs, key=costs.get)
-    return model if chosen == own else copies[chosen]
+    return copies[min(costs, key=costs.get)]
+
+
+def in_dtype(model: nn.Module, dtype: torch.dtype, prepare: bool = True) -> nn.Module:
+    """``model`` itself where its parameters are in ``dtype``; else a cast copy, its linear kernels
+    chosen for that dtype (:func:`prepare_kernels`) unless ``prepare`` is false. The copy is what a
+    cost model in ``dtype`` measures and what decodes in it, so the two agree on kernels."""
+    import copy
+
+    if next(model.parameters()).dtype == dtype:
+        return model
+    cast = copy.deepcopy(model).to(dtype)
+    return prepare_kernels(cast) if prepare else cast
 
 
 def prepare_kernels(model: nn.Module) -> nn.Module:

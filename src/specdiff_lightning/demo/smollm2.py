@@ -357,18 +357,14 @@ def estimate_seconds(
 ) -> float:
     """The bench's expected seconds: each row's decodes (repeats, plus a warm-up per row) of
     ``max_new_tokens`` at its kind's steps per token times its one-token step: its dtype's eager
-    step, or for a compiled row ``step_ms["compiled_<dtype>"]`` (or ``"compiled"``) where measured (the compiled forward's step,
+    step, or for a compiled row ``step_ms["compiled_<dtype>"]`` where measured (the compiled forward's step,
     about half the eager one on a CPU: counted at the eager step, the headline rows lost repeats the
     budget had room for). Rows whose key stems are in ``once`` count one repeat."""
     total = 0.0
     for m in methods:
         repeats = 1 if _stem(m.key) in once else p.repeats if m.repeats is None else m.repeats
         steps = _STEPS_PER_TOKEN.get(m.kind, _SPECULATIVE_STEPS)
-        step = (
-            step_ms.get(f"compiled_{m.dtype}", step_ms.get("compiled", step_ms[m.dtype]))
-            if _compiled(m)
-            else step_ms[m.dtype]
-        )
+        step = step_ms.get(f"compiled_{m.dtype}", step_ms[m.dtype]) if _compiled(m) else step_ms[m.dtype]
         per_decode = p.max_new_tokens * steps * step / 1e3
         total += per_decode * (repeats * problems + p.warmup)
     return total
