@@ -424,10 +424,10 @@ def in_fastest_dtype(
     they do not decode in. On a GPU: bfloat16 where supported, else float16, unmeasured (float32
     decodes slower on every GPU this project targets)."""
     device = next(model.parameters()).device
-    own = next(model.parameters()).dtype
     if device.type == "cuda":
+        # cast in place, not copied as in_dtype does: a GPU's verifier may not fit twice
         chosen = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return model if chosen == own else prepare_kernels(model.to(chosen))
+        return model if chosen == next(model.parameters()).dtype else prepare_kernels(model.to(chosen))
     candidates = candidates or (torch.float32, torch.bfloat16)
     costs, copies, compiled_here = {}, {}, False
     for dtype in candidates:
