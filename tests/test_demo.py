@@ -178,6 +178,30 @@ def test_the_headline_rows_keep_their_repeats_longest():
     assert seen_alone  # some budget keeps repeats for the headline pair only
 
 
+def test_a_host_whose_compiles_take_most_of_the_budget_keeps_a_second_headline_pass():
+    """Stop 41 (AMX Xeon): compiles left 343 s of the 900, and the first pass of every row took
+    them, so the 2.10x was one pass. The estimate now counts two headline passes: rows read only as
+    an eager twin of a compiled one go (our eager plain loop, the defaults' bf16 row eager), the
+    compiled plain row of the dtype the calibration did not choose runs once, and every row a
+    target reads stays (the peers, the chain, the float32 exactness row)."""
+    from specdiff_lightning.demo.smollm2 import SMOL_PRESETS, size_to_budget, smollm2_methods
+
+    p = replace(SMOL_PRESETS["smollm2"], bench_budget_s=343.0)
+    steps = {"float32": 48.3, "bfloat16": 46.7, "compiled_float32": 37.5, "compiled_bfloat16": 24.5}
+    rows = size_to_budget(smollm2_methods(p, "bfloat16", fast_compiled="bfloat16"), p, steps)[0]
+    repeats = {m.key: p.repeats if m.repeats is None else m.repeats for m in rows}
+    headline = (
+        "hf_generate_compiled_bf16",
+        "verifier_compiled_bf16",
+        "specdiff2_dflash_auto_store_compiled_bf16",
+    )
+    assert all(repeats[k] == p.repeats for k in headline)
+    assert repeats["verifier_compiled_fp32"] == 1
+    assert not {"verifier_fp32", "specdiff2_dflash_auto_store_bf16"} & set(repeats)
+    read = {"hf_generate_fp32", "hf_generate_bf16", "hf_dflash_bf16", "hf_prompt_lookup_bf16"}
+    assert read | {"specdiff2_dflash_k1_bf16", "specdiff2_dflash_auto_store_fp32"} <= set(repeats)
+
+
 def test_compiled_rows_are_estimated_at_the_compiled_step():
     """A compiled row decodes at the compiled forward's step where the demo measured it (counted at
     the eager step, about twice as long on a CPU, the estimate cut rows the budget had room for)."""
