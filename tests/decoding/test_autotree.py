@@ -157,45 +157,6 @@ def test_dtype_auto_compares_the_forward_that_will_decode(tmp_path, monkeypatch)
     assert str(path) not in calibration._MEMO  # unchecked: not memoised
 
 
-@pytest.mark.parametrize("compiled_winner", [torch.bfloat16, torch.float32])
-def test_dtype_auto_compiles_the_eager_favourite_last_and_keeps_its_graphs_where_it_wins(
-    tmp_path, monkeypatch, compiled_winner
-):
-    """A first use measures each dtype's compiled forward (compiling it). Dynamo is reset before
-    each compile after the first, so no decode runs beside another dtype's graphs (stop 40: 71-77
-    tok/s against 121); the eager favourite compiles last, and where it wins compiled too its
-    graphs serve its decode (no reset after: one compile fewer); where another wins, dynamo is
-    reset again. The compiled measurement itself is replaced by fixed cost models here (compiling
-    two dtypes takes minutes); the eager ones are cached files, as in the test above."""
-    from specdiff_lightning.decoding import calibration
-
-    monkeypatch.setenv("SPECDIFF_CALIBRATION_DIR", str(tmp_path))
-    model = tiny_model("llama", vocab_size=32, hidden_size=16, num_layers=1)
-    nodes = [1, 2, 4, 8, 16]
-    for dtype, per_node in ((torch.float32, 2e-7), (torch.bfloat16, 1e-7)):  # eager: bf16 wins
-        key = calibration_key(calibration.in_dtype(model, dtype))
-        row = [1e-6 + per_node * n for n in nodes]
-        save_cost_model(CostModel(nodes, [16, 512], [row, row], key), calibration._path(key, None))
-    events = []
-    monkeypatch.setattr(torch._dynamo, "reset", lambda: events.append("reset"))
-
-    def measure(model, compiled=False, **_):
-        assert compiled  # the eager cost models are cached
-        events.append(model.dtype)
-        step = 5e-5 if model.dtype == compiled_winner else 1e-4
-        return CostModel(nodes, [16, 512], [[step] * 5] * 2, calibration_key(model, compiled=True))
-
-    monkeypatch.setattr(calibration, "measure_cost_model", measure)
-    chosen = calibration.in_fastest_dtype(model, compiled=True)
-    assert chosen.dtype == compiled_winner
-    after = ["reset"] if compiled_winner == torch.float32 else []
-    assert events == [torch.float32, "reset", torch.bfloat16, *after]
-    # a later process reads both compiled files and compiles nothing here
-    events.clear()
-    calibration._MEMO.clear()
-    assert calibration.in_fastest_dtype(model, compiled=True).dtype == compiled_winner and events == []
-
-
 def test_a_model_in_another_dtype_is_a_cast_copy_with_that_dtypes_kernels(tmp_path, monkeypatch):
     """What a dtype's cost model measures and what then decodes in it: one function makes it, for
     ``dtype: auto`` and ``bench --calibrate`` alike."""

@@ -429,32 +429,24 @@ def in_fastest_dtype(
         chosen = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return model if chosen == next(model.parameters()).dtype else prepare_kernels(model.to(chosen))
     candidates = candidates or (torch.float32, torch.bfloat16)
-    copies = {dtype: in_dtype(model, dtype) for dtype in candidates}
-    eager = {dtype: cost_model_for(copies[dtype]) for dtype in candidates}
-    costs = {dtype: dtype_request_cost(eager[dtype]) for dtype in candidates}
-    if not compiled:
-        return copies[min(costs, key=costs.get)]
-    # Compiling a dtype's forward to measure it leaves its graphs in dynamo's cache of the forward
-    # every copy shares (module guards are skipped: compiled.compiled_forward), and a process that
-    # decoded with several dtypes' graphs there ran 71-77 tok/s where a fresh one ran 121 (stop 40).
-    # So dynamo is reset before each compile after the first, and the dtype eager rounds price lowest
-    # is compiled last: where it wins compiled too (every machine measured so far), its graphs are
-    # alone in the cache and serve its decode, one compile fewer at first use (~2-3 minutes on 2
-    # cores); where another wins, dynamo is reset again and the chosen model compiles for its decode
-    compiled_last = None
-    for dtype in sorted(candidates, key=costs.get, reverse=True):
-        cold = load_cost_model(_path(calibration_key(copies[dtype], compiled=True), None)) is None
-        if cold and compiled_last is not None:
-            torch._dynamo.reset()
-        # a cached file is read unchecked: checking times the forward, which would compile a dtype
-        # this process may not decode in (the chosen one is checked when its decode asks for it)
-        fast = cost_model_for(copies[dtype], compiled=True, check_stale=False)
-        compiled_last = dtype if cold else compiled_last
-        costs[dtype] = dtype_request_cost(eager[dtype], fast)
-    chosen = min(costs, key=costs.get)
-    if compiled_last not in (None, chosen):
+    costs, copies, compiled_here = {}, {}, False
+    for dtype in candidates:
+        candidate = copies[dtype] = in_dtype(model, dtype)
+        # a compiled forward's cached file is read unchecked: checking times the forward, which
+        # would compile a dtype this process may not decode in (the chosen one is checked when
+        # its decode asks for the cost model)
+        fast = None
+        if compiled:
+            compiled_here |= load_cost_model(_path(calibration_key(candidate, compiled=True), None)) is None
+            fast = cost_model_for(candidate, compiled=True, check_stale=False)
+        costs[dtype] = dtype_request_cost(cost_model_for(candidate), fast)
+    if compiled_here:
+        # Measured here, the graphs of every dtype stay in dynamo's cache of the forward they share
+        # (their module guards are skipped: compiled.compiled_forward). A process that went on to
+        # decode with them ran 71-77 tok/s where a fresh one ran 121 (stop 40): start clean, and
+        # let the chosen model compile again for its decode (once per machine, at first use)
         torch._dynamo.reset()
-    return copies[chosen]
+    return copies[min(costs, key=costs.get)]
 
 
 def in_dtype(model: nn.Module, dtype: torch.dtype, prepare: bool = True) -> nn.Module:
