@@ -444,7 +444,10 @@ def in_fastest_dtype(
         # Measured here, the graphs of every dtype stay in dynamo's cache of the forward they share
         # (their module guards are skipped: compiled.compiled_forward). A process that went on to
         # decode with them ran 71-77 tok/s where a fresh one ran 121 (stop 40): start clean, and
-        # let the chosen model compile again for its decode (once per machine, at first use)
+        # let the chosen model compile again for its decode (once per machine, at first use).
+        # Keeping the chosen dtype's measured graphs instead (reset before the other dtype's
+        # compile only) was worse on the AMX Xeon (stop 42): its first call still compiled, 503 s
+        # against 263, and it then decoded 78-83 tok/s against 100-103
         torch._dynamo.reset()
     return copies[min(costs, key=costs.get)]
 
