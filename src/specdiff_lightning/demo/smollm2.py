@@ -376,8 +376,8 @@ def _reduced(methods: list, stems: tuple[str, ...]) -> list:
 
     def hit(m) -> bool:
         stem, dtype = m.key.rsplit("_", 1)
-        twinned = {stem + TWINNED, m.key + TWINNED} & set(stems)
-        return stem in stems or (bool(twinned) and f"{stem}_compiled_{dtype}" in keys)
+        twinned = stem + TWINNED in stems or m.key + TWINNED in stems
+        return stem in stems or (twinned and f"{stem}_compiled_{dtype}" in keys)
 
     return [m for m in methods if hit(m)]
 
@@ -392,18 +392,17 @@ def estimate_seconds(
     step_ms: dict[str, float],
     problems: int,
     capped: tuple[str, ...] = (),
-    cap: int = HEADLINE_PASSES,
 ) -> float:
     """The bench's expected seconds: each row's decodes (repeats, plus a warm-up per row) of
     ``max_new_tokens`` at its kind's steps per token times its one-token step: its dtype's eager
     step, or for a compiled row ``step_ms["compiled_<dtype>"]`` where measured (the compiled forward's step,
     about half the eager one on a CPU: counted at the eager step, the headline rows lost repeats the
-    budget had room for). Rows whose key stems are in ``capped`` count ``cap`` repeats at most."""
+    budget had room for). Rows whose key stems are in ``capped`` count :data:`HEADLINE_PASSES` repeats at most."""
     total = 0.0
     for m in methods:
         repeats = p.repeats if m.repeats is None else m.repeats
         if _stem(m.key) in capped:
-            repeats = min(repeats, cap)
+            repeats = min(repeats, HEADLINE_PASSES)
         steps = _STEPS_PER_TOKEN.get(m.kind, _SPECULATIVE_STEPS)
         step = step_ms.get(f"compiled_{m.dtype}", step_ms[m.dtype]) if _compiled(m) else step_ms[m.dtype]
         per_decode = p.max_new_tokens * steps * step / 1e3
@@ -420,7 +419,7 @@ def size_to_budget(methods: list, p: SmolPreset, step_ms: dict[str, float]) -> t
     plan = {"budget_s": p.bench_budget_s, "step_ms": step_ms, "reductions": []}
     if p.bench_budget_s is None:
         return methods, p.problems, plan
-    for prefixes, repeats in _REDUCTIONS:  # (stems)
+    for prefixes, repeats in _REDUCTIONS:  # stems (or keys, with TWINNED: _reduced)
         if estimate_seconds(methods, p, step_ms, p.problems, capped=_HEADLINE) <= p.bench_budget_s:
             break
         hit = _reduced(methods, prefixes)
