@@ -120,7 +120,7 @@ def test_the_smollm2_demo_is_sized_from_the_calibration_to_its_budget():
         smollm2_methods,
     )
 
-    p = SMOL_PRESETS["smollm2"]
+    p = replace(SMOL_PRESETS["smollm2"], bench_budget_s=900.0)  # stop 41's budget with the compiles
     full = smollm2_methods(p, "bfloat16")
     fast, problems, plan = size_to_budget(full, p, {"float32": 1.0, "bfloat16": 1.0})
     assert fast == full and problems == p.max_problems and not plan["reductions"]
@@ -144,7 +144,7 @@ def test_the_demo_drops_the_dflash_ablations_before_rows_that_targets_compare():
     K=4) feed none, so a slow machine loses them first."""
     from specdiff_lightning.demo.smollm2 import SMOL_PRESETS, size_to_budget, smollm2_methods
 
-    p = SMOL_PRESETS["smollm2"]
+    p = replace(SMOL_PRESETS["smollm2"], bench_budget_s=900.0)  # stop 41's budget with the compiles
     full = smollm2_methods(p, "bfloat16")
     ablations = {"specdiff2_dflash_k1_lookup_bf16", "specdiff2_dflash_k4_bf16"} & {m.key for m in full}
     compared = {"specdiff2_k1_bf16", "specdiff2_k4_bf16", "mdm_k1_bf16"} & {m.key for m in full}
@@ -164,7 +164,7 @@ def test_the_headline_rows_keep_their_repeats_longest():
     tests/bench): at every budget where any row keeps two, they keep theirs."""
     from specdiff_lightning.demo.smollm2 import SMOL_PRESETS, size_to_budget, smollm2_methods
 
-    p = SMOL_PRESETS["smollm2"]
+    p = replace(SMOL_PRESETS["smollm2"], bench_budget_s=900.0)  # stop 41's budget with the compiles
     full = smollm2_methods(p, "bfloat16")
     headline = {"hf_generate_compiled_bf16", "specdiff2_dflash_auto_store_compiled_bf16"}
     assert headline <= {m.key for m in full}
@@ -182,8 +182,9 @@ def test_a_host_whose_compiles_take_most_of_the_budget_keeps_a_second_headline_p
     """Stop 41 (AMX Xeon): compiles left 343 s of the 900, and the first pass of every row took
     them, so the 2.10x was one pass. The estimate now counts two headline passes: rows read only as
     an eager twin of a compiled one go (our eager plain loop, the defaults' bf16 row eager), the
-    compiled plain row of the dtype the calibration did not choose runs once, and every row a
-    target reads stays (the peers, the chain, the float32 exactness row)."""
+    compiled plain row of the dtype the calibration did not choose runs once (at 600 s) and at 343
+    s goes (the last reduction: the estimate is still over), and every row a target reads stays
+    (the peers, the chain, the float32 exactness row)."""
     from specdiff_lightning.demo.smollm2 import SMOL_PRESETS, size_to_budget, smollm2_methods
 
     p = replace(SMOL_PRESETS["smollm2"], bench_budget_s=343.0)
@@ -196,10 +197,48 @@ def test_a_host_whose_compiles_take_most_of_the_budget_keeps_a_second_headline_p
         "specdiff2_dflash_auto_store_compiled_bf16",
     )
     assert all(repeats[k] == p.repeats for k in headline)
-    assert repeats["verifier_compiled_fp32"] == 1
+    assert "verifier_compiled_fp32" not in repeats
+    roomier = replace(p, bench_budget_s=600.0)
+    rows = size_to_budget(smollm2_methods(roomier, "bfloat16", fast_compiled="bfloat16"), roomier, steps)[0]
+    assert {m.key: m.repeats for m in rows}["verifier_compiled_fp32"] == 1
     assert not {"verifier_fp32", "specdiff2_dflash_auto_store_bf16"} & set(repeats)
     read = {"hf_generate_fp32", "hf_generate_bf16", "hf_dflash_bf16", "hf_prompt_lookup_bf16"}
     assert read | {"specdiff2_dflash_k1_bf16", "specdiff2_dflash_auto_store_fp32"} <= set(repeats)
+
+
+def test_the_bench_gets_what_the_deadline_leaves():
+    """Stop 42's AVX2-emulated demo took 20:53: its bench had 900 s less the compiles, whatever the
+    install, loading and the cost curve had taken. It now gets what the deadline (from `make demo`'s
+    start) leaves when it starts, capped by an explicit budget; none left is the minimum run."""
+    from specdiff_lightning.demo.smollm2 import SMOL_PRESETS, bench_budget
+
+    p = SMOL_PRESETS["smollm2"]
+    assert p.deadline_s is not None and p.deadline_s < 20 * 60
+    assert bench_budget(p, 700.0) == pytest.approx(p.deadline_s - 700.0)
+    assert bench_budget(p, p.deadline_s + 5) == 0.0
+    assert bench_budget(replace(p, bench_budget_s=100.0), 700.0) == 100.0
+    assert bench_budget(replace(p, deadline_s=None, bench_budget_s=None), 700.0) is None
+    assert bench_budget(SMOL_PRESETS["smollm2-smoke"], 700.0) is None  # the smoke run: as given
+
+
+def test_where_nothing_else_fits_the_unchosen_dtypes_compiled_plain_row_goes():
+    """Last of the reductions: our compiled plain loop in the dtype the compiled calibration did not
+    choose (its forward is priced in the calibration table); the chosen dtype's row and every
+    row a target reads stay. Above that budget it stays."""
+    from specdiff_lightning.demo.smollm2 import SMOL_PRESETS, size_to_budget, smollm2_methods
+
+    steps = {"float32": 53.2, "bfloat16": 43.1, "compiled_float32": 42.4, "compiled_bfloat16": 38.2}
+    p = replace(SMOL_PRESETS["smollm2"], bench_budget_s=1.0)
+    full = smollm2_methods(p, "float32", fast_compiled="float32")
+    keys = {m.key for m in size_to_budget(full, p, steps)[0]}
+    assert "verifier_compiled_bf16" not in keys and "verifier_compiled_fp32" in keys
+    assert {
+        "hf_generate_compiled_fp32",
+        "hf_generate_fp32",
+        "specdiff2_dflash_auto_store_compiled_fp32",
+    } <= keys
+    roomy = {m.key for m in size_to_budget(full, replace(p, bench_budget_s=900.0), steps)[0]}
+    assert "verifier_compiled_bf16" in roomy
 
 
 def test_compiled_rows_are_estimated_at_the_compiled_step():

@@ -126,6 +126,25 @@ def test_repeats_past_the_first_run_only_where_the_measured_time_fits(tmp_path):
     assert tight["repeats_cut"]["after_repeat"] == 1 and tight["repeats_cut"]["needed_s"] > 0
     text = (write_report(tight, tmp_path / "bench") / "bench.md").read_text()
     assert "Repeats stopped after repeat 1" in text and "x1 |" in text
+    # where its time went, the untimed work included: the budget's reader sees what it paid for
+    assert set(tight["phases_s"]) == {"compile", "warmup", "references", "timed", "score"}
+    assert "Where the bench's" in text and "timed passes" in text
+
+
+def test_references_no_row_decodes_are_decoded_before_the_timed_passes():
+    """A dtype without an eager HF generate row has its greedy references decoded before the timed
+    passes (so a budget's check before a later repeat has paid for them), and its rows are still
+    compared with them."""
+    from specdiff_lightning.bench.methods import BenchMethod
+
+    model = tiny_distillation()
+    prompts = [{"id": "a", "prompt_ids": [1, 2, 3]}, {"id": "b", "prompt_ids": [4, 5]}]
+    rows = [BenchMethod("verifier", "verifier", key="v")]
+    report = run_bench(model.verifier, model.drafter, prompts, model.decoding, rows, progress=False)
+    (row,) = report["rows"]
+    assert row["identical_to_verifier"] and row["identical_rate"] == 1
+    phases = list(report["phases_s"])
+    assert phases.index("references") < phases.index("timed")
 
 
 @pytest.mark.parametrize("bad", [dict(repeats=0), dict(repeats=1.5), dict(warmup=-1)])

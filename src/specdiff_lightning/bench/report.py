@@ -48,6 +48,17 @@ def markdown_table(report: dict) -> str:
             f"(its rows' first repeat) and did not fit the bench's {cut['budget_s']:.0f} s.",
             "",
         ]
+    phases = report.get("phases_s")
+    if phases:
+        named = {
+            "compile": "compiling rows",
+            "warmup": "warm-ups",
+            "references": "references decoded",
+            "timed": "timed passes",
+            "score": "scoring",
+        }
+        spent = ", ".join(f"{named.get(k, k)} {v:.0f} s" for k, v in phases.items())
+        lines[4:4] = [f"Where the bench's {sum(phases.values()):.0f} s went: {spent}.", ""]
     for r in report["rows"]:
         rate = r.get("identical_rate")
         same = "–" if rate is None else ("yes" if rate == 1 else f"**{rate:.0%}**")

@@ -139,14 +139,30 @@ def run_bench(
 
     # Rows that decode through a compiled verifier compile its graphs first, untimed (reported as
     # the row's compile_s, as the compiled HF peer's compilation is): no timed decode compiles.
+    phases: dict[str, float] = {}  # the untimed work's seconds too, so a budget's reader sees where it went
+    clock = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = now - clock
+        clock = now
+
     compile_s: dict[str, float] = {}
     for m in methods:
         if m.kind in ("verifier", "sps", "diffusion") and method_config(cfg, m).compile:
             drafter = pair(m).drafter(m.drafter) if m.kind == "diffusion" else None
             compile_s[m.key] = warm_compiled(pair(m).verifier, drafter=drafter)
+    phase("compile")
     for m in methods:
         for p in prompts[:warmup]:
             timed_generate(runner(m, None), ids_of(p, m), cfg.seed, pair(m).verifier.device)
+    phase("warmup")
+    # the references no row decodes are decoded before the timed passes (untimed), so that the
+    # budget's check before each later repeat has already paid for them
+    greedy = cfg.temperature == 0
+    references = _decoded_references(models, methods, default_dtype, prompts, cfg) if greedy else {}
+    phase("references")
 
     samples: dict[str, dict[str, list[Sample]]] = {m.key: {p["id"]: [] for p in prompts} for m in methods}
     reps = {m.key: m.repeats or repeats for m in methods}
@@ -169,10 +185,9 @@ def run_bench(
                 )
                 bar.update()
     bar.close()
-
-    references = (
-        _references(models, methods, default_dtype, prompts, cfg, samples) if cfg.temperature == 0 else {}
-    )
+    phase("timed")
+    if greedy:
+        references.update(_read_references(methods, default_dtype, prompts, samples))
     passed_cache: dict[tuple[str, tuple[int, ...]], bool] = {}
 
     def passed(p, tokens):
@@ -204,6 +219,7 @@ def run_bench(
         elif row["key"] in compile_s:
             row["compile_s"] = compile_s[row["key"]]
     _speedups(rows)
+    phase("score")
     for row in rows:
         for warning in row["warnings"]:
             log.warning("bench row %r: %s", row["method"], warning)
@@ -216,28 +232,48 @@ def run_bench(
         "num_prompts": len(prompts),
         "repeats": repeats,
         "repeats_cut": cut,
+        "phases_s": phases,
         "warmup": warmup,
         "dtypes": list(models),
         "rows": rows,
     }
 
 
-def _references(models, methods, default_dtype, prompts, cfg, samples) -> dict[str, dict[str, list[int]]]:
-    """The verifier's own greedy ``generate()`` output per dtype and prompt: read off that dtype's HF
-    ``generate`` row when the run has one (it is that decoding), else decoded here, untimed."""
+def _reference_row(methods, default_dtype, dtype) -> BenchMethod | None:
+    """The row whose decoding is the verifier's own greedy ``generate()`` in ``dtype`` (eager HF
+    ``generate``, no settings), if the run has one."""
+    return next(
+        (m for m in methods if m.kind == "hf" and (m.dtype or default_dtype) == dtype and not m.decoding),
+        None,
+    )
+
+
+def _dtypes(methods, default_dtype) -> list[str]:
+    return list(dict.fromkeys(m.dtype or default_dtype for m in methods))
+
+
+def _decoded_references(models, methods, default_dtype, prompts, cfg) -> dict[str, dict[str, list[int]]]:
+    """The verifier's own greedy ``generate()`` output per prompt, decoded here (untimed), in each
+    dtype whose rows include no eager HF ``generate`` row to read it off."""
     references = {}
-    for dtype in dict.fromkeys(m.dtype or default_dtype for m in methods):
-        row = next(
-            (m for m in methods if m.kind == "hf" and (m.dtype or default_dtype) == dtype and not m.decoding),
-            None,
-        )
+    for dtype in _dtypes(methods, default_dtype):
+        if _reference_row(methods, default_dtype, dtype) is None:
+            v = models[dtype].verifier
+            references[dtype] = {
+                p["id"]: hf_generate(v, torch.tensor([p["prompt_ids"]], device=v.device), cfg)
+                for p in prompts
+            }
+    return references
+
+
+def _read_references(methods, default_dtype, prompts, samples) -> dict[str, dict[str, list[int]]]:
+    """The references of the dtypes with an eager HF ``generate`` row: its first repeat's tokens
+    (it is that decoding)."""
+    references = {}
+    for dtype in _dtypes(methods, default_dtype):
+        row = _reference_row(methods, default_dtype, dtype)
         if row is not None:
             references[dtype] = {p["id"]: samples[row.key][p["id"]][0].tokens for p in prompts}
-            continue
-        v = models[dtype].verifier
-        references[dtype] = {
-            p["id"]: hf_generate(v, torch.tensor([p["prompt_ids"]], device=v.device), cfg) for p in prompts
-        }
     return references
 
 

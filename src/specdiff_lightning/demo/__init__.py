@@ -28,15 +28,15 @@ class Demo:
 
 
 def _builtin(name: str) -> Callable[..., int]:
-    def run(root=None, force_bench=False, assets=None):
+    def run(root=None, force_bench=False, assets=None, started=None):
         return run_builtin_demo(name, root=root, force_bench=force_bench, assets=assets or ASSETS)
 
     return run
 
 
 def _smollm2(name: str) -> Callable[..., int]:
-    def run(root=None, force_bench=False, assets=None):
-        return run_smollm2_demo(name, root=root, **({"assets": assets} if assets else {}))
+    def run(root=None, force_bench=False, assets=None, started=None):
+        return run_smollm2_demo(name, root=root, started=started, **({"assets": assets} if assets else {}))
 
     return run
 
@@ -61,7 +61,10 @@ def run_demo(
     root: str | None = None,
     force_bench: bool = False,
     assets: str | Path | None = None,
+    started: float | None = None,
 ) -> int:
+    """Run demo ``preset``; ``started``: when its clock started (seconds since the epoch; the
+    SmolLM2 demo sizes its bench to end by its deadline from then)."""
     if preset not in DEMOS:
         raise ValueError(f"unknown demo preset {preset!r}; choose one of {sorted(DEMOS)}")
-    return DEMOS[preset].run(root=root, force_bench=force_bench, assets=assets)
+    return DEMOS[preset].run(root=root, force_bench=force_bench, assets=assets, started=started)
