@@ -254,6 +254,30 @@ def test_cheap_nodes_grow_trees_and_learn_the_acceptance():
     assert reached > 0  # it learnt from the verdicts
 
 
+def test_candidates_over_a_proposals_support_are_those_over_its_full_rows():
+    """The drafter's candidates (mode chain, runner-ups, the K drafts) read log q from compact logits
+    where the proposal has a support: the same tokens and the same probabilities as from full rows."""
+    from specdiff_lightning.decoding.autotree import _Trie
+    from specdiff_lightning.decoding.drafting import sample_from_marginals
+
+    gen = torch.Generator().manual_seed(3)
+    vocab, width, gamma = 64, 20, 5
+    support = torch.randperm(vocab, generator=gen)[:width].sort().values
+    small = torch.randn(1, gamma, width, generator=gen, dtype=torch.float64)
+    logits = torch.full((1, gamma, vocab), float("-inf"), dtype=torch.float64).index_copy_(2, support, small)
+    verifier, drafter = make_pair("llama", "llama", seed=0)
+    tries = []
+    for given, rows in ((support, small), (None, logits)):
+        auto = AutoTreeDrafter(drafter, _flat(SLOW_STEP_MS, 0.01))
+        proposal = sample_from_marginals(rows, 4, 1.0, torch.Generator().manual_seed(0), given, vocab)
+        trie = _Trie()
+        auto._drafter_candidates(trie, proposal)
+        tries.append([(n.parent, n.token, n.prob) for n in trie.nodes])
+    assert [n[:2] for n in tries[0]] == [n[:2] for n in tries[1]] and len(tries[0]) > gamma
+    # log q is taken in float32 (the loop's precision): the sums differ in their order only
+    assert [n[2] for n in tries[0]] == pytest.approx([n[2] for n in tries[1]], rel=1e-5)
+
+
 @pytest.mark.parametrize("pair", [("qwen2", "llama"), ("llama", "qwen2")])
 @pytest.mark.parametrize("num_drafts", [1, 4])
 def test_auto_trees_of_a_diffusion_drafter_are_greedy_exact(pair, num_drafts):

@@ -67,3 +67,32 @@ def test_the_gathered_rows_follow_a_changed_head():
 def test_bad_vocabularies_are_clear_errors(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_drafts_from_compact_logits_are_the_full_rows_drafts(dtype, temperature):
+    """Logits over a draft vocabulary only (compact, with their support): the argmax over them (ties
+    included: the first maximum) or the draws at T > 0 give the same tokens and q as the full rows,
+    -inf elsewhere, do; the proposal keeps them compact and gives the full rows back."""
+    from specdiff_lightning.decoding.drafting import expand_support, sample_from_marginals
+
+    gen = torch.Generator().manual_seed(0)
+    vocab, width = 60, 17
+    support = torch.randperm(vocab, generator=gen)[:width].sort().values
+    compact = torch.randint(-2, 2, (2, 5, width), generator=gen).to(dtype)  # many ties
+    logits = torch.full((2, 5, vocab), float("-inf"), dtype=dtype).index_copy_(2, support, compact)
+    assert torch.equal(expand_support(compact, support, vocab), logits)
+    fast = sample_from_marginals(compact, 3, temperature, torch.Generator().manual_seed(1), support, vocab)
+    full = sample_from_marginals(logits, 3, temperature, torch.Generator().manual_seed(1))
+    assert torch.equal(fast.tokens, full.tokens) and torch.equal(fast.probs, full.probs)
+    assert fast.probs.dtype == full.probs.dtype and torch.equal(fast.logits, compact)
+    assert torch.equal(fast.full_logits(), logits) and torch.equal(full.full_logits(), logits)
+    assert torch.equal(fast.truncate(2).support, support) and fast.pad_to(7).support is fast.support
+    with pytest.raises(ValueError, match="vocab_size"):
+        sample_from_marginals(compact, 3, temperature, support=support)
+    first = torch.arange(width)  # ids [0, n): padded rather than scattered
+    assert torch.equal(
+        expand_support(compact, first, vocab)[..., width:],
+        torch.full((2, 5, vocab - width), float("-inf"), dtype=dtype),
+    )

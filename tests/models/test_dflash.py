@@ -252,6 +252,42 @@ def test_a_head_over_the_first_ids_drafts_only_those_and_stays_lossless(tmp_path
         DFlashDrafter(full.model, verifier, head_vocab=0)
 
 
+@pytest.mark.parametrize("limit", [None, 30])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_draft_vocabulary_proposes_from_compact_logits_what_its_full_rows_give(
+    tmp_path, limit, temperature
+):
+    """With a draft vocabulary, propose() keeps the head's logits compact (Proposal.support: no full
+    vocabulary row is reduced); its drafts and q are those of the full rows (-inf off the
+    vocabulary), within a restricted vocabulary too; greedy decoding through tree: auto stays the
+    verifier's."""
+    from specdiff_lightning.decoding.drafting import sample_from_marginals
+
+    verifier = _verifier()
+    ranking = [40, 3, 17, 9, 22, 0, 31, 8, 44, 12, 5, 27, 35, 14]
+    _drafter(verifier).save_pretrained(tmp_path / "d")
+    (tmp_path / "d" / "draft_vocab.json").write_text(json.dumps({"ranking": ranking}))
+    ranked = DFlashDrafter.from_pretrained(tmp_path / "d", verifier=verifier, head_vocab=10)
+    ranked.restrict_vocab(limit)
+    ids = torch.randint(0, VOCAB - 1, (1, 6), generator=torch.Generator().manual_seed(4))
+    features = _features(verifier, ids[:, :-1], ranked.feature_layers)[0]
+    ranked.observe(features)
+    with torch.no_grad():
+        got = ranked.propose(ids, 4, 3, temperature, torch.Generator().manual_seed(2))
+        ranked.reset()
+        ranked.observe(features)
+        rows = ranked._restrict_logits(ranked.block_logits(ids, 4))
+    want = sample_from_marginals(rows, 3, temperature, torch.Generator().manual_seed(2))
+    kept = sorted(i for i in ranking[:10] if limit is None or i < limit)
+    assert got.support.tolist() == kept and got.logits.shape == (1, 4, len(kept))
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.probs, want.probs)
+    assert torch.equal(got.full_logits(), rows)
+    ranked.reset()
+    ranked.restrict_vocab(None)
+    out = speculative_generate(verifier, ranked, ids, max_new_tokens=16, gamma=4, temperature=0, tree="auto")
+    assert torch.equal(out.sequences, reference_greedy(verifier, ids, 16))
+
+
 def test_drafts_stop_at_the_block_when_gamma_is_larger():
     """A block of 4 drafts 3 tokens; standard acceptance over the drafts as drawn stays exact."""
     verifier = _verifier()

@@ -80,7 +80,7 @@ class AdaptiveDrafter(DrafterWrapper):
                 f"mode_first=False)"
             )
         tokens = proposal.tokens  # [B, K, g]
-        logits = torch.log_softmax(proposal.logits.float(), dim=-1)  # [B, g, V]: log q_j
+        logits = torch.log_softmax(proposal.full_logits().float(), dim=-1)  # [B, g, V]: log q_j
         batch, k, g = tokens.shape
         if self.mode_first:
             # (padding past a capped window has zero logits: its argmax is the padding token 0)

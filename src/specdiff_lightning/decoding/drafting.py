@@ -16,6 +16,7 @@ __all__ = [
     "Drafter",
     "DrafterWrapper",
     "sample_from_marginals",
+    "expand_support",
     "derived_generator",
     "model_device",
     "head_logits",
@@ -40,6 +41,13 @@ class Proposal:
         logits: ``FloatTensor[B, gamma, V]``, the per-position marginal logits the drafts came from
             (diffusion drafters), or None. Read by wrappers that shape the draft tree
             (:class:`~specdiff_lightning.decoding.adaptive.AdaptiveDrafter`).
+        support: ``LongTensor[V']``, sorted, or None: a drafter that scores a draft vocabulary
+            only (:class:`DraftVocabulary`) proposes nothing else, and its ``logits`` are then
+            compact, ``[B, gamma, V']``, column i being token ``support[i]`` (its q is 0 at every
+            other id). Readers reduce over those columns (the same maxima, softmax and top-k, at
+            ``V' / V`` of the cost: SmolLM2's drafter scores 8,192 of 49,152 ids, and a full bf16
+            row's argmax, softmax or column gather each cost ~1 ms a round on 2 cores), or take
+            :meth:`full_logits`.
     """
 
     tokens: torch.Tensor
@@ -47,11 +55,21 @@ class Proposal:
     exact_q: bool = True
     lengths: torch.Tensor | None = None
     logits: torch.Tensor | None = None
+    support: torch.Tensor | None = None
+
+    def full_logits(self) -> torch.Tensor | None:
+        """``FloatTensor[B, gamma, V]``: :attr:`logits` over the whole vocabulary (-inf off the
+        support), or None."""
+        if self.logits is None or self.support is None:
+            return self.logits
+        return expand_support(self.logits, self.support, self.probs.shape[-1])
 
     def truncate(self, gamma: int) -> Proposal:
         lengths = None if self.lengths is None else self.lengths.clamp(max=gamma)
         logits = None if self.logits is None else self.logits[..., :gamma, :]
-        return Proposal(self.tokens[..., :gamma], self.probs[..., :gamma, :], self.exact_q, lengths, logits)
+        return Proposal(
+            self.tokens[..., :gamma], self.probs[..., :gamma, :], self.exact_q, lengths, logits, self.support
+        )
 
     def pad_to(self, gamma: int) -> Proposal:
         """The same drafts in a window of ``gamma`` (``>=`` the current one): the new positions are
@@ -68,7 +86,7 @@ class Proposal:
         else:
             probs = torch.nn.functional.pad(probs, (0, 0, 0, extra))
         logits = None if self.logits is None else torch.nn.functional.pad(self.logits, (0, 0, 0, extra))
-        return Proposal(tokens, probs, self.exact_q, lengths, logits)
+        return Proposal(tokens, probs, self.exact_q, lengths, logits, self.support)
 
     def reshaped(self, tokens: torch.Tensor, lengths: torch.Tensor) -> Proposal:
         """Other drafts ``tokens[B, K', gamma]`` of ``lengths[B, K']`` in this window, chosen with
@@ -76,7 +94,7 @@ class Proposal:
         and their q is nominal (the first draft's, a view: no copy)."""
         batch, k, gamma = tokens.shape
         probs = self.probs[:, :1].expand(batch, k, gamma, self.probs.shape[-1])
-        return Proposal(tokens, probs, False, lengths, self.logits)
+        return Proposal(tokens, probs, False, lengths, self.logits, self.support)
 
     def draft_lengths(self) -> torch.Tensor:
         """``LongTensor[B, K]``: every draft's length (the window where :attr:`lengths` is None)."""
@@ -100,7 +118,19 @@ class Proposal:
             probs = probs.to(device)
         lengths = None if self.lengths is None else self.lengths.to(device)
         logits = None if self.logits is None else self.logits.to(device)
-        return Proposal(self.tokens.to(device), probs, self.exact_q, lengths, logits)
+        support = None if self.support is None else self.support.to(device)
+        return Proposal(self.tokens.to(device), probs, self.exact_q, lengths, logits, support)
+
+
+def expand_support(logits: torch.Tensor, support: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``FloatTensor[..., vocab_size]``: compact ``logits[..., V']`` (column i: token
+    ``support[i]``, sorted) in place at their ids, -inf elsewhere."""
+    support = support.to(logits.device)
+    n = support.numel()
+    if n and int(support[-1]) == n - 1:  # ids [0, n): one block, padded
+        return torch.nn.functional.pad(logits, (0, vocab_size - n), value=float("-inf"))
+    out = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+    return out.index_copy_(-1, support, logits)
 
 
 def sample_from_marginals(
@@ -108,20 +138,47 @@ def sample_from_marginals(
     num_drafts: int,
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
+    support: torch.Tensor | None = None,
+    vocab_size: int | None = None,
 ) -> Proposal:
     """Sample K drafts i.i.d. from ``prod_j q_j`` (one drafter pass serves all K; METHOD.md §3.1).
 
     Args:
-        logits: ``FloatTensor[B, gamma, V]`` per-position draft logits.
+        logits: ``FloatTensor[B, gamma, V]`` per-position draft logits; with ``support``, compact
+            ``[B, gamma, V']`` over its ids (:attr:`Proposal.support`).
         temperature: draft temperature T (``q = softmax(logits / T)``); 0 drafts the argmax.
+        support, vocab_size: the sorted ids ``LongTensor[V']`` of compact logits, and the
+            vocabulary V their q spans. At T = 0 the argmax over the compact columns is the
+            full row's (its first maximum: the support is sorted); at T > 0 the drafts are drawn
+            from the full rows, the same draws as without a support.
     Returns:
-        a :class:`Proposal` with ``tokens[B, K, gamma]`` and ``probs`` an expanded view ``[B, K, gamma, V]``.
+        a :class:`Proposal` with ``tokens[B, K, gamma]`` and ``probs`` an expanded view
+        ``[B, K, gamma, V]``; its ``logits`` are the ones given (compact with ``support``).
     """
+    compact = logits
+    if support is not None:
+        if vocab_size is None:
+            raise ValueError(
+                "sample_from_marginals: compact logits (a support) need the vocab_size their q spans"
+            )
+        support = support.to(logits.device)
+        if temperature == 0:
+            batch, gamma, _ = logits.shape
+            mode = support[greedy_tokens(logits)]  # [B, gamma]
+            dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32  # as logits_to_probs
+            q = torch.zeros(batch, gamma, vocab_size, dtype=dtype, device=logits.device)
+            q.scatter_(-1, mode[..., None], 1.0)
+            tokens = mode[:, None].expand(batch, num_drafts, gamma)
+            probs = q[:, None].expand(batch, num_drafts, gamma, vocab_size)
+            return Proposal(tokens, probs, logits=logits, support=support)
+        logits = expand_support(logits, support, vocab_size)
     batch, gamma, vocab = logits.shape
     q = logits_to_probs(logits, temperature)
     if temperature == 0:  # q is one-hot: nothing to sample
         tokens = greedy_tokens(q)[:, None].expand(batch, num_drafts, gamma)
-        return Proposal(tokens, q[:, None].expand(batch, num_drafts, gamma, vocab), logits=logits)
+        return Proposal(
+            tokens, q[:, None].expand(batch, num_drafts, gamma, vocab), logits=compact, support=support
+        )
     # torch.multinomial's one-sample path draws V exponentials per row (5.6 ms for 8 rows at
     # V = 49,152 on a CPU); with two or more samples it inverts the CDF (~1 ms). Each draw is an exact
     # i.i.d. sample, so for K = 1 draw two and keep the first.
@@ -130,7 +187,9 @@ def sample_from_marginals(
         :, :num_drafts
     ]
     tokens = tokens.reshape(batch, gamma, num_drafts).transpose(1, 2)
-    return Proposal(tokens, q[:, None].expand(batch, num_drafts, gamma, vocab), logits=logits)
+    return Proposal(
+        tokens, q[:, None].expand(batch, num_drafts, gamma, vocab), logits=compact, support=support
+    )
 
 
 def derived_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
@@ -235,12 +294,12 @@ class DraftVocabulary:
 
     def logits(self, head: nn.Linear, rows: torch.Tensor) -> torch.Tensor:
         """``FloatTensor[N, V]``: ``head(rows)`` at the ids, -inf elsewhere (``rows[N, H]``)."""
+        return expand_support(self.compact_logits(head, rows), self.ids, self.vocab_size)
+
+    def compact_logits(self, head: nn.Linear, rows: torch.Tensor) -> torch.Tensor:
+        """``FloatTensor[N, V']``: ``head(rows)`` at the ids only (column i: token ``ids[i]``)."""
         weight, bias = self._rows(head)
-        logits = torch.nn.functional.linear(rows, weight, bias)
-        if self.contiguous:
-            return torch.nn.functional.pad(logits, (0, self.vocab_size - len(self)), value=float("-inf"))
-        out = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
-        return out.index_copy_(1, self.ids.to(out.device), logits)
+        return torch.nn.functional.linear(rows, weight, bias)
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -286,6 +286,11 @@ class DFlashDrafter(Drafter):
         ``input_ids[1, n]``, from the features observed so far (the cache keeps the context).
         ``rows``: at most and by default ``block_size - 1``; the block is always whole (its
         marginals depend on its length), the head reads only the rows asked for."""
+        return head_logits(self.head, self._block_rows(input_ids, rows), self.draft_vocab)[None]
+
+    def _block_rows(self, input_ids: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """One round's drafted hidden rows ``[rows, H]`` before the head (:meth:`block_logits`),
+        in the head's dtype and on its device."""
         rows = self.block_size - 1 if rows is None else min(int(rows), self.block_size - 1)
         dtype = next(self.model.parameters()).dtype
         context = self._take_features(input_ids.shape[1] - 1)
@@ -301,8 +306,8 @@ class DFlashDrafter(Drafter):
             hidden = self._dynamic_round(context, noise)
         self._past += new
         self._inbox = []
-        drafted = hidden[0, 1 : 1 + rows].to(self.head.weight.device, self.head.weight.dtype)
-        return head_logits(self.head, drafted, self.draft_vocab)[None]
+        # a fresh 2-D tensor: the bf16 CPU head on an offset view is ~18x slower (head_logits)
+        return hidden[0, 1 : 1 + rows].to(self.head.weight.device, self.head.weight.dtype).clone()
 
     def _dynamic_round(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """The block's hidden states ``[1, block_size, H]`` through the eager model over the
@@ -398,10 +403,21 @@ class DFlashDrafter(Drafter):
             raise ValueError("the DFlash drafter drafts one sequence at a time (batch size 1)")
         home = input_ids.device
         window = min(gamma, self.block_size - 1)
-        logits = self._restrict_logits(self.block_logits(input_ids, window)).to(self.device)
-        proposal = sample_from_marginals(
-            logits, num_drafts, temperature, derived_generator(generator, self.device)
-        )
+        generator = derived_generator(generator, self.device)
+        if self.draft_vocab is None:
+            logits = self._restrict_logits(self.block_logits(input_ids, window)).to(self.device)
+            proposal = sample_from_marginals(logits, num_drafts, temperature, generator)
+        else:
+            # the head's logits at the draft vocabulary only (compact, Proposal.support): nothing
+            # else is proposed, and no full-vocabulary row is reduced
+            compact = self.draft_vocab.compact_logits(self.head, self._block_rows(input_ids, window))[None]
+            support = self.draft_vocab.ids.to(compact.device)
+            if self.vocab_limit is not None:  # ids past the shared vocabulary are never proposed
+                kept = int(torch.searchsorted(support, self.vocab_limit))
+                compact, support = compact[..., :kept], support[:kept]
+            proposal = sample_from_marginals(
+                compact.to(self.device), num_drafts, temperature, generator, support, self.proposal_vocab_size
+            )
         return proposal.pad_to(gamma).to(home)
 
     def __repr__(self) -> str:
