@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .sampling import greedy_tokens, logits_to_probs
+from .sampling import compute_dtype, greedy_tokens, logits_to_probs
 from .validation import check_tokenizers
 
 __all__ = [
@@ -165,8 +165,7 @@ def sample_from_marginals(
         if temperature == 0:
             batch, gamma, _ = logits.shape
             mode = support[greedy_tokens(logits)]  # [B, gamma]
-            dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32  # as logits_to_probs
-            q = torch.zeros(batch, gamma, vocab_size, dtype=dtype, device=logits.device)
+            q = torch.zeros(batch, gamma, vocab_size, dtype=compute_dtype(logits.dtype), device=logits.device)
             q.scatter_(-1, mode[..., None], 1.0)
             tokens = mode[:, None].expand(batch, num_drafts, gamma)
             probs = q[:, None].expand(batch, num_drafts, gamma, vocab_size)
