@@ -110,6 +110,26 @@ def test_compiled_rows_run_in_the_compiled_forwards_fastest_dtype():
     assert "specdiff2_dflash_auto_store_compiled_bf16" in same and "hf_generate_compiled_fp32" not in same
 
 
+def test_compiled_rows_run_only_in_the_dtypes_the_run_compiled():
+    """Where emulated bf16's eager request prices 1.6x float32's or more, the demo compiles float32
+    alone: no compiled row asks for a bf16 forward that was never compiled (stop 43: 445 s of
+    compiles on both), while the eager rows keep their dtypes."""
+    from specdiff_lightning.demo.smollm2 import SMOL_PRESETS, smollm2_methods
+
+    p = SMOL_PRESETS["smollm2"]
+    keys = {
+        m.key for m in smollm2_methods(p, "float32", fast_compiled="float32", compiled_dtypes=("float32",))
+    }
+    assert {
+        "verifier_compiled_fp32",
+        "hf_generate_compiled_fp32",
+        "specdiff2_dflash_auto_store_compiled_fp32",
+    } <= keys
+    assert not {k for k in keys if "compiled" in k and k.endswith("_bf16")}
+    both = {m.key for m in smollm2_methods(p, "float32", fast_compiled="float32")}
+    assert both - keys == {"verifier_compiled_bf16"}
+
+
 def test_the_smollm2_demo_is_sized_from_the_calibration_to_its_budget():
     """Issue 17: at least 10 problems x 128 tokens on any CPU; fewer repeats, then no ablations, where
     steps are slow; more problems where they are fast."""

@@ -146,7 +146,7 @@ def test_dtype_auto_compares_the_forward_that_will_decode(tmp_path, monkeypatch)
         save_cost_model(CostModel(nodes, [16, 512], [row, row], key), calibration._path(key, None))
 
     cache(torch.float32, False, 1e-6, 1e-7)
-    cache(torch.bfloat16, False, 1e-6, 2e-7)  # eager: float32 wins
+    cache(torch.bfloat16, False, 1e-6, 1.2e-7)  # eager: float32 wins, within COMPILED_DTYPE_MARGIN
     cache(torch.float32, True, 1e-4, 0.0)
     cache(torch.bfloat16, True, 5e-5, 0.0)  # compiled rounds: bf16's cost half (the prefill is eager)
     assert calibration.in_fastest_dtype(model) is model
@@ -155,6 +155,48 @@ def test_dtype_auto_compares_the_forward_that_will_decode(tmp_path, monkeypatch)
     assert calibration.fastest_dtype(model, compiled=True) == torch.bfloat16
     path = calibration._path(calibration_key(chosen, compiled=True), None)
     assert str(path) not in calibration._MEMO  # unchecked: not memoised
+
+
+def test_a_dtype_far_slower_eagerly_is_never_compiled_to_be_compared(tmp_path, monkeypatch):
+    """Compiling a verifier costs minutes on 2 cores. A dtype whose eager request prices
+    COMPILED_DTYPE_MARGIN times the cheapest or more (emulated bf16: 1.74-2.12x in stops 40-43) is
+    left out: ``in_fastest_dtype(compiled=True)`` returns the one left without compiling it (its
+    decode does) and writes no compiled cost model; within the margin both are compared."""
+    from specdiff_lightning.decoding import calibration
+
+    monkeypatch.setenv("SPECDIFF_CALIBRATION_DIR", str(tmp_path))
+    model = tiny_model("llama", vocab_size=32, hidden_size=16, num_layers=1)
+    for dtype, per_node_ms in ((torch.float32, 1e-7), (torch.bfloat16, 4e-7)):
+        key = calibration_key(calibration.in_dtype(model, dtype))
+        row = [1e-6 + per_node_ms * n for n in (1, 2, 4, 8, 16)]
+        save_cost_model(CostModel([1, 2, 4, 8, 16], [16, 512], [row, row], key), calibration._path(key, None))
+    prices = {
+        d: calibration.dtype_request_cost(cost_model_for(calibration.in_dtype(model, d)))
+        for d in (torch.float32, torch.bfloat16)
+    }
+    assert prices[torch.bfloat16] >= calibration.COMPILED_DTYPE_MARGIN * prices[torch.float32]
+    assert calibration.compiled_candidates(prices) == [torch.float32]
+    assert calibration.in_fastest_dtype(model, compiled=True) is model
+    assert not list(tmp_path.glob("*-compiled-*.json"))  # nothing compiled, nothing measured
+    close = {"float32": 1.0, "bfloat16": 1.5}
+    assert calibration.compiled_candidates(close) == ["float32", "bfloat16"]
+    assert calibration.compiled_candidates({"float32": 1.7, "bfloat16": 1.0}) == ["bfloat16"]
+
+
+def test_the_compiled_calibration_reports_the_dtypes_it_did_not_compile():
+    """Stop 40's AVX2-emulated eager cost models (Zen 4; bf16's request 1.76x float32's): the report compares
+    the compiled float32 forward alone and says why bf16 was not compiled."""
+    from pathlib import Path
+
+    from specdiff_lightning.bench.calibrate import calibration_report, calibration_table
+
+    run = json.loads((Path(__file__).parents[1] / "fixtures" / "calibration_avx2_emulated.json").read_text())
+    eager = {d: CostModel.from_dict(c) for d, c in run["eager"].items()}
+    compiled = {"float32": CostModel.from_dict(run["compiled"]["float32"])}
+    report = calibration_report(eager, compiled)
+    assert report["fastest_dtype"] == "float32" and set(report["request_ms"]) == {"float32"}
+    assert set(report["not_compiled"]) == {"bfloat16"} and report["not_compiled"]["bfloat16"] > 1.6
+    assert "Not compiled: bfloat16" in calibration_table(report)
 
 
 def test_a_model_in_another_dtype_is_a_cast_copy_with_that_dtypes_kernels(tmp_path, monkeypatch):

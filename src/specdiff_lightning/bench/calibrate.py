@@ -13,11 +13,13 @@ import torch
 from torch import nn
 
 from ..decoding.calibration import (
+    COMPILED_DTYPE_MARGIN,
     COMPILED_DTYPE_TREE_NODES,
     DTYPE_CONTEXT,
     DTYPE_NEW_TOKENS,
     DTYPE_TOKENS_PER_ROUND,
     DTYPE_TREE_NODES,
+    compiled_candidates,
     cost_model_for,
     dtype_request_cost,
     in_dtype,
@@ -41,24 +43,30 @@ def calibrate_verifier(
 ) -> dict:
     """``{"machine", "context", "fastest_dtype", "request_ms", "cost_models": {dtype: CostModel
     dict}}`` for ``verifier`` cast to each of ``dtypes`` (cached cost models are reused unless
-    ``refresh``). ``compiled``: ``cost_models`` are the compiled forward's (compiling it in each
-    dtype) and ``eager_cost_models`` the eager one's, which prices the prefill; ``request_ms`` is
-    each dtype's :func:`~specdiff_lightning.decoding.calibration.dtype_request_cost`, whose least
-    is ``fastest_dtype``."""
-    eager, fast = {}, {}
-    for name in dtypes:
-        # a verifier whose kernels were chosen for its own dtype: its copies get their dtype's
-        model = in_dtype(verifier, getattr(torch, name), prepare=hasattr(verifier, "linear_kernels"))
-        eager[name] = cost_model_for(model, refresh=refresh)
-        if compiled:
-            fast[name] = cost_model_for(model, refresh=refresh, compiled=True)
+    ``refresh``). ``compiled``: ``cost_models`` are the compiled forward's, compiled in the dtypes
+    that ``dtype: auto`` would compile
+    (:func:`~specdiff_lightning.decoding.calibration.compiled_candidates`), and
+    ``eager_cost_models`` the eager one's, which prices the prefill; ``request_ms`` is each
+    compared dtype's :func:`~specdiff_lightning.decoding.calibration.dtype_request_cost`, whose
+    least is ``fastest_dtype``."""
+    # a verifier whose kernels were chosen for its own dtype: its copies get their dtype's
+    prepare = hasattr(verifier, "linear_kernels")
+    models = {name: in_dtype(verifier, getattr(torch, name), prepare=prepare) for name in dtypes}
+    eager = {name: cost_model_for(model, refresh=refresh) for name, model in models.items()}
+    fast = {}
+    if compiled:
+        for name in compiled_candidates({d: dtype_request_cost(m) for d, m in eager.items()}):
+            fast[name] = cost_model_for(models[name], refresh=refresh, compiled=True)
     return calibration_report(eager, fast or None, next(verifier.parameters()).device)
 
 
 def calibration_report(eager: dict, compiled: dict | None = None, device: str | torch.device = "cpu") -> dict:
     """The report of :func:`calibrate_verifier` from cost models already measured (dtype name ->
-    :class:`~specdiff_lightning.decoding.costmodel.CostModel`, eager and, optionally, compiled)."""
-    request = {d: dtype_request_cost(eager[d], compiled[d] if compiled else None) for d in eager}
+    :class:`~specdiff_lightning.decoding.costmodel.CostModel`, eager and, optionally, compiled).
+    ``compiled`` may hold fewer dtypes than ``eager`` (those
+    :func:`~specdiff_lightning.decoding.calibration.compiled_candidates` leaves): the others are
+    listed under ``"not_compiled"`` with their eager price over the cheapest."""
+    request = {d: dtype_request_cost(eager[d], compiled[d] if compiled else None) for d in compiled or eager}
     report = {
         "machine": machine_info(device),
         "context": DTYPE_CONTEXT,
@@ -69,6 +77,9 @@ def calibration_report(eager: dict, compiled: dict | None = None, device: str | 
     }
     if compiled:
         report["eager_cost_models"] = {d: m.to_dict() for d, m in eager.items()}
+        prices = {d: dtype_request_cost(m) for d, m in eager.items()}
+        cheapest = min(prices.values())
+        report["not_compiled"] = {d: prices[d] / cheapest for d in eager if d not in compiled}
     return report
 
 
@@ -98,6 +109,11 @@ def calibration_table(report: dict) -> str:
             " (" + ", ".join(f"{d} {ms / 1e3:.2f} s" for d, ms in report["request_ms"].items()) + ")."
             if report.get("request_ms")
             else "."
+        )
+        + "".join(
+            f" Not compiled: {d}, whose eager request priced {ratio:.2f}x the cheapest dtype's (compiling "
+            f"is left to dtypes under {COMPILED_DTYPE_MARGIN:g}x)."
+            for d, ratio in report.get("not_compiled", {}).items()
         ),
         "",
         "| dtype | 1 token | "

@@ -48,6 +48,8 @@ __all__ = [
     "fastest_dtype",
     "in_fastest_dtype",
     "dtype_request_cost",
+    "compiled_candidates",
+    "COMPILED_DTYPE_MARGIN",
     "prepare_kernels",
     "slower_than_plain",
     "slowdown_text",
@@ -383,6 +385,28 @@ def dtype_request_cost(eager: CostModel, compiled: CostModel | None = None) -> f
     return prefill + rounds * forward.verifier_cost(nodes, DTYPE_CONTEXT)
 
 
+#: a dtype whose eager request (:func:`dtype_request_cost`) prices at least this many times the
+#: cheapest dtype's is not compiled to be compared: compiling a verifier costs minutes on 2 cores, and
+#: compiling has never moved the ratio of two dtypes' prices that far. bf16's price over float32's,
+#: eager -> compiled, in every demo run that measured both (docs/results.md stops 40-43): Zen 4
+#: 0.74 -> 0.69, emulated 1.76 -> 1.83; AMX Xeon 0.83 -> 0.60, emulated 2.12 -> 2.36, 1.74 -> 1.78,
+#: 2.08 -> 2.26. The largest move, 1.38x (the AMX Xeon, in bf16's favour), is under this margin; every
+#: emulated bf16 (the 1.74-2.12 above) is over it
+COMPILED_DTYPE_MARGIN = 1.6
+
+
+def compiled_candidates(eager_prices: dict) -> list:
+    """The keys of ``eager_prices`` (dtype -> a request's eager price, :func:`dtype_request_cost`)
+    worth compiling to compare their compiled forwards: those priced under
+    :data:`COMPILED_DTYPE_MARGIN` times the cheapest, the cheapest always among them, in order."""
+    cheapest = min(eager_prices.values())
+    return [
+        d
+        for d, price in eager_prices.items()
+        if price == cheapest or price < COMPILED_DTYPE_MARGIN * cheapest
+    ]
+
+
 def check_dtype_runs(dtype: torch.dtype, device: torch.device | str) -> None:
     """Raise a clear ``ValueError`` when ``device`` cannot run matrix products in ``dtype``."""
     device = torch.device(device)
@@ -420,7 +444,8 @@ def in_fastest_dtype(
     the first call measures each dtype on a cast copy. ``compiled``: the rounds are priced by the
     compiled forward's cost models, the forward a compiled decode runs, which can differ from the
     eager one's in which dtype is faster. Measuring a compiled forward compiles it (minutes, once per
-    machine and dtype); later processes read the cached cost models without compiling the dtype
+    machine and dtype), so only the dtypes :func:`compiled_candidates` leaves are compared (one left
+    is returned unmeasured); later processes read the cached cost models without compiling the dtype
     they do not decode in. On a GPU: bfloat16 where supported, else float16, unmeasured (float32
     decodes slower on every GPU this project targets)."""
     device = next(model.parameters()).device
@@ -429,17 +454,25 @@ def in_fastest_dtype(
         chosen = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return model if chosen == next(model.parameters()).dtype else prepare_kernels(model.to(chosen))
     candidates = candidates or (torch.float32, torch.bfloat16)
-    costs, copies, compiled_here = {}, {}, False
-    for dtype in candidates:
-        candidate = copies[dtype] = in_dtype(model, dtype)
+    copies = {dtype: in_dtype(model, dtype) for dtype in candidates}
+    eager = {dtype: cost_model_for(copy) for dtype, copy in copies.items()}
+    costs = {dtype: dtype_request_cost(cost) for dtype, cost in eager.items()}
+    if not compiled:
+        return copies[min(costs, key=costs.get)]
+    # only the dtypes the eager prices leave in the running are compiled to be compared; one left
+    # is chosen unmeasured (its decode compiles and measures it, with no other dtype's graphs around)
+    costs = {dtype: costs[dtype] for dtype in compiled_candidates(costs)}
+    if len(costs) == 1:
+        return copies[next(iter(costs))]
+    compiled_here = False
+    for dtype in costs:
+        candidate = copies[dtype]
         # a compiled forward's cached file is read unchecked: checking times the forward, which
         # would compile a dtype this process may not decode in (the chosen one is checked when
         # its decode asks for the cost model)
-        fast = None
-        if compiled:
-            compiled_here |= load_cost_model(_path(calibration_key(candidate, compiled=True), None)) is None
-            fast = cost_model_for(candidate, compiled=True, check_stale=False)
-        costs[dtype] = dtype_request_cost(cost_model_for(candidate), fast)
+        compiled_here |= load_cost_model(_path(calibration_key(candidate, compiled=True), None)) is None
+        fast = cost_model_for(candidate, compiled=True, check_stale=False)
+        costs[dtype] = dtype_request_cost(eager[dtype], fast)
     if compiled_here:
         # Measured here, the graphs of every dtype stay in dynamo's cache of the forward they share
         # (their module guards are skipped: compiled.compiled_forward). A process that went on to

@@ -262,12 +262,17 @@ _ROWS = (
 
 
 def smollm2_methods(
-    p: SmolPreset, fast: str = "bfloat16", assets: Path = ASSETS, fast_compiled: str | None = None
+    p: SmolPreset,
+    fast: str = "bfloat16",
+    assets: Path = ASSETS,
+    fast_compiled: str | None = None,
+    compiled_dtypes: tuple[str, ...] | None = None,
 ) -> list:
     """The bench rows of a preset (stable keys ``<row>_<fp32|bf16>``); ``fast``: the dtype of the
     eager speed rows, ``fast_compiled`` the compiled ones' (None: ``fast``); a row asked for in both
-    it and float32 runs once when they are the same. Rows with corpus copies read ``p.datastore``
-    under ``assets`` (left out where it is None)."""
+    it and float32 runs once when they are the same. ``compiled_dtypes``: the dtypes whose
+    compiled forward the run compiled (None: ``p.dtypes``); compiled rows run in no other. Rows with
+    corpus copies read ``p.datastore`` under ``assets`` (left out where it is None)."""
     from ..bench import BenchMethod
     from ..bench.methods import short_dtype
 
@@ -293,7 +298,8 @@ def smollm2_methods(
             else decoding
         )
         compiled = kind == "hf_compiled" or bool(decoding.get("compile"))
-        named = {"fast": [(fast_compiled or fast) if compiled else fast], "all": list(p.dtypes)}
+        runs_in = [d for d in p.dtypes if not compiled or compiled_dtypes is None or d in compiled_dtypes]
+        named = {"fast": [(fast_compiled or fast) if compiled else fast], "all": runs_in}
         merged: dict = {}
         for tag, repeats in dtypes.items():
             for dtype in named.get(tag, [tag]):
@@ -301,7 +307,7 @@ def smollm2_methods(
                     repeats = None if None in (repeats, merged[dtype]) else max(repeats, merged[dtype])
                 merged[dtype] = repeats
         for dtype, repeats in merged.items():
-            if dtype not in p.dtypes:
+            if dtype not in runs_in:
                 continue
             d = short_dtype(dtype)
             rows.append(
@@ -610,7 +616,8 @@ def _defaults_note(defaults: dict) -> str:
     waited = defaults.get("first_call_compile_s")
     return (
         "\n- load_pair's defaults compile (`compile: auto`): its first use on a machine compiles and measures"
-        " the verifier's compiled forward in each dtype (`dtype: auto` compares them) and the drafter's round"
+        " the verifier's compiled forward in each dtype its eager prices leave in the running (`dtype: auto`"
+        " compares them) and the drafter's round"
         + (f", {waited:.0f} s in this run" if waited is not None else "")
         + "; a later process compiles its one dtype's graphs; `compile=False` decodes eagerly at once"
         " (the eager `tree: auto` + corpus row)\n"
@@ -631,6 +638,7 @@ def run_smollm2_demo(
     from ..bench import BenchModels, check_targets, run_bench, write_report
     from ..bench.cost import drafter_cost_curve, plot_drafter_cost
     from ..data.humaneval import passes
+    from ..decoding.calibration import COMPILED_DTYPE_MARGIN, DTYPE_CONTEXT, compiled_candidates
     from ..decoding.compiled import compile_unavailable
     from ..decoding.config import DecodingConfig
     from ..models.loading import load_tokenizer
@@ -652,16 +660,23 @@ def run_smollm2_demo(
     )
     tokenizer = load_tokenizer(VERIFIER)
     fast, calibration = _calibrate(p)
-    # both dtypes where the compiled rows run: the compiled forward chooses its own fastest dtype
-    keep = p.dtypes if p.compiled else ("float32", fast)
+    # the compiled forward chooses its own fastest dtype among those the eager prices leave in the
+    # running (compiling one costs minutes: stop 43's AVX2-emulated run spent 445 s on both)
+    compiled_dtypes = tuple(compiled_candidates(calibration["request_ms"])) if p.compiled else ()
+    keep = {"float32", fast, *compiled_dtypes}
     p = replace(p, dtypes=tuple(d for d in p.dtypes if d in keep))
     print(f"fast dtype here (measured, eager forward): {fast}", flush=True)
+    if p.compiled and len(compiled_dtypes) < len(calibration["request_ms"]):
+        print(
+            f"compiling the verifier in {', '.join(compiled_dtypes)} only: the others' eager requests priced "
+            f"{COMPILED_DTYPE_MARGIN:g}x the cheapest or more",
+            flush=True,
+        )
     models = {}
     for dtype in p.dtypes:
         verifier, drafters = load_smollm2_pair(dtype, assets, p.head_vocab)
         models[dtype] = BenchModels(verifier, drafters)
     print(f"loaded in {time.perf_counter() - start:.0f} s", flush=True)
-    from ..decoding.calibration import DTYPE_CONTEXT
     from ..decoding.costmodel import CostModel
 
     step_ms = {
@@ -675,12 +690,12 @@ def run_smollm2_demo(
         from ..decoding.calibration import cost_model_for
         from ..decoding.compiled import warm_compiled
 
-        # the compiled forward's cost model in each dtype (compiling our verifier's graphs in it):
+        # the compiled forward's cost model in each dtype compared (compiling our verifier's graphs in it):
         # the compiled rows run in the dtype whose request prices lowest with compiled rounds, and
         # the compiled auto rows size their trees from it (measured here, not in their first decode)
         measured = time.perf_counter()
-        compiled_costs = {d: cost_model_for(models[d].verifier, compiled=True) for d in p.dtypes}
-        eager_costs = {d: CostModel.from_dict(calibration["cost_models"][d]) for d in p.dtypes}
+        compiled_costs = {d: cost_model_for(models[d].verifier, compiled=True) for d in compiled_dtypes}
+        eager_costs = {d: CostModel.from_dict(c) for d, c in calibration["cost_models"].items()}
         # by a request's time, whose prefill runs eagerly in both forwards (dtype_request_cost)
         compiled_calibration = calibration_report(eager_costs, compiled_costs)
         fast_compiled = compiled_calibration["fastest_dtype"]
@@ -688,7 +703,7 @@ def run_smollm2_demo(
             step_ms[f"compiled_{d}"] = c.step_cost(DTYPE_CONTEXT)
         calibrated_s = time.perf_counter() - measured
         print(
-            f"compiled our verifier in {', '.join(p.dtypes)} and measured it in {calibrated_s:.0f} s; "
+            f"compiled our verifier in {', '.join(compiled_dtypes)} and measured it in {calibrated_s:.0f} s; "
             f"fast dtype of the compiled forward: {fast_compiled}",
             flush=True,
         )
@@ -712,7 +727,9 @@ def run_smollm2_demo(
         )
     elapsed = time.time() - started
     p = replace(p, bench_budget_s=bench_budget(p, elapsed))
-    methods, problems, plan = size_to_budget(smollm2_methods(p, fast, assets, fast_compiled), p, step_ms)
+    methods, problems, plan = size_to_budget(
+        smollm2_methods(p, fast, assets, fast_compiled, compiled_dtypes), p, step_ms
+    )
     plan["compile_s"] = compile_s
     plan["ours_compile_s"] = ours_compile_s
     plan["deadline_s"] = p.deadline_s
