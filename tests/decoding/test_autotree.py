@@ -159,7 +159,7 @@ def test_dtype_auto_compares_the_forward_that_will_decode(tmp_path, monkeypatch)
 
 def test_a_dtype_far_slower_eagerly_is_never_compiled_to_be_compared(tmp_path, monkeypatch):
     """Compiling a verifier costs minutes on 2 cores. A dtype whose eager request prices
-    COMPILED_DTYPE_MARGIN times the cheapest or more (emulated bf16: 1.74-2.12x in stops 40-43) is
+    COMPILED_DTYPE_MARGIN times the cheapest or more (emulated bf16: 1.74-2.12x on three hosts, stops 40-43) is
     left out: ``in_fastest_dtype(compiled=True)`` returns the one left without compiling it (its
     decode does) and writes no compiled cost model; within the margin both are compared."""
     from specdiff_lightning.decoding import calibration
