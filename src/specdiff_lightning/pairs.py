@@ -143,7 +143,8 @@ def load_pair(
 ) -> LoadedPair:
     """Load a shipped pair by name (:data:`SHIPPED_PAIRS`) in ``dtype`` ("auto": the fastest on
     this machine for the forward it decodes through, compiled or eager, measured once and cached;
-    compiled, the first load on a machine compiles the verifier in each dtype). ``compile``: decode through the verifier's compiled
+    compiled, the first load on a machine compiles the verifier in each dtype its eager prices
+    leave in the running). ``compile``: decode through the verifier's compiled
     forward (True), eagerly (False), or "auto": compiled wherever ``torch.compile`` can build kernels
     for the verifier's device, eagerly (with a warning naming the missing piece) elsewhere."""
     from transformers import AutoTokenizer
