@@ -38,9 +38,11 @@ DEMO_STARTED := $(shell date +%s)
 demo: $(STAMP)
 	$(PY) -m specdiff_lightning demo --started $(DEMO_STARTED)
 
-# one pytest worker per core (pytest-xdist): the tests run single-threaded (tests/conftest.py)
+# one pytest worker per core (pytest-xdist): the tests run single-threaded (tests/conftest.py).
+# The slow tests start first (tests/conftest.py) and an idle worker takes queued tests from a busy
+# one (worksteal): on 2 cores with AVX2 kernels the suite took 8:40 against 10:21 without both
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --dist worksteal
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
