@@ -114,6 +114,32 @@ def test_a_cached_cost_model_slower_than_the_machine_is_measured_again(tmp_path)
     assert cost_model_for(model, directory=tmp_path / "fast", **kwargs) == kept
 
 
+def test_a_measurement_the_machine_beats_at_once_is_taken_again(tmp_path, monkeypatch):
+    """A measurement slowed while it ran (another process, a first use's page faults) is checked
+    against the machine before it is cached, and measured once more: the cache holds the second."""
+    from specdiff_lightning.decoding import calibration
+
+    model = tiny_model("llama", vocab_size=32, hidden_size=16, num_layers=1)
+    kwargs = dict(nodes=(1, 2, 4), contexts=(8,), repeats=1)
+    measure, calls = calibration.measure_cost_model, []
+
+    def slowed_once(*args, **kw):
+        cost = measure(*args, **kw)
+        calls.append(cost)
+        if len(calls) == 1:  # as if the machine had run 1000x slower during the first measurement
+            cost = CostModel(
+                cost.nodes, cost.contexts, [[v * 1e3 for v in r] for r in cost.verifier_ms], cost.key
+            )
+        return cost
+
+    monkeypatch.setattr(calibration, "measure_cost_model", slowed_once)
+    with pytest.warns(UserWarning, match="just measured.*what this machine takes now.*measuring again"):
+        cost = cost_model_for(model, directory=tmp_path, **kwargs)
+    assert len(calls) == 2 and cost == calls[1]
+    (path,) = tmp_path.glob("*.json")
+    assert load_cost_model(path, calibration_key(model)) == cost
+
+
 def test_the_memo_follows_the_calibration_directory(tmp_path, monkeypatch):
     """A process that points $SPECDIFF_CALIBRATION_DIR elsewhere reads that directory's file, not
     the cost model it memoised for the first one."""
