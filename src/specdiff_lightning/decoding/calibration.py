@@ -347,8 +347,8 @@ def _measured(model: nn.Module, compiled: bool, measure: dict) -> CostModel:
 def stale_step(
     cost: CostModel, model: nn.Module, compiled: bool = False, factor: float = STALE_FACTOR
 ) -> str | None:
-    """Why ``cost``, read from the disk cache, no longer describes this machine, or None when it
-    does: the fastest of :data:`STALE_REPEATS` one-token forwards of ``model`` now, at the cost
+    """Why ``cost`` (read from the disk cache, or just measured: :func:`_measured`) does not
+    describe this machine, or None when it does: the fastest of :data:`STALE_REPEATS` one-token forwards of ``model`` now, at the cost
     model's shortest context, through the same verifier state (eager or ``compiled``), is
     ``factor`` (:data:`STALE_FACTOR`) times faster than the cached step. Milliseconds of model time (a
     compiled forward must have compiled; it would on first use anyway).
