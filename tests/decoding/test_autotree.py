@@ -448,6 +448,53 @@ def test_the_gate_tries_both_arms_then_takes_the_faster_and_still_explores():
     assert gate.rate(1, True) == pytest.approx(0.1)
 
 
+def test_the_drafters_first_call_in_a_sequence_prices_no_round(monkeypatch):
+    """The drafter's first call in a sequence reads the whole prompt (a DFlash drafter's prefix
+    cache), whichever round the gate first lets it draft in: it is kept out of the drafting-cost
+    estimate and of the gate's rates, which price a typical drafting round."""
+    from specdiff_lightning.decoding import autotree
+
+    clock = [0.0]
+
+    def fake_now(device=None):  # time flows with the calls, so every round takes some
+        clock[0] += 1e-4
+        return clock[0]
+
+    monkeypatch.setattr(autotree, "now", fake_now)
+
+    class SlowFirstRead(NoisyOracleDrafter):
+        def reset(self):
+            self.read = False
+
+        def propose(self, *args, **kwargs):
+            clock[0] += 0.001 if self.read else 1.0  # a 1 s prompt read, then 1 ms a round
+            self.read = True
+            return super().propose(*args, **kwargs)
+
+    class SkipFirstRound(DraftGate):  # every sequence's first round undrafted, the rest drafted
+        def clear(self):
+            super().clear()
+            self.new = True
+
+        def choose(self, bucket):
+            new, self.new = self.new, False
+            return not new
+
+    verifier = tiny_model("qwen2", vocab_size=48, seed=4, dtype=torch.float64)
+    drafter = AutoTreeDrafter(SlowFirstRead(verifier, noise=0.1), _flat(SLOW_STEP_MS, 0.01))
+    drafter.gate = SkipFirstRound()
+    for prompt in ([3, 1, 4, 1, 5], [2, 7, 1, 8, 2], [1, 6, 1, 8, 0]):
+        prompt = torch.tensor([prompt])
+        out = speculative_generate(
+            verifier, drafter, prompt, max_new_tokens=24, gamma=4, temperature=0, eos_token_id=[]
+        )
+        assert torch.equal(out.sequences, reference_greedy(verifier, prompt, 24))
+        # each sequence's second round read the prompt: it did not raise the estimate
+        assert drafter.counts["drafted"] > 1 and drafter.drafting_ms < 10.0
+    drafted = [ms for (_, was_drafted), (_, ms) in drafter.gate.rates.items() if was_drafted]
+    assert drafted and max(drafted) < 100.0  # no 1,000 ms round in the drafted arm's rates
+
+
 def test_a_gated_auto_tree_stays_exact_and_counts_its_rounds():
     verifier = tiny_model("qwen2", vocab_size=48, seed=4, dtype=torch.float64)
     prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 3, 1, 4]])

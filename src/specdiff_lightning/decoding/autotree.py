@@ -301,6 +301,7 @@ class AutoTreeDrafter(DrafterWrapper):
         self.max_skip = int(max_skip)
         self.calibration = calibration if calibration is not None else AcceptanceCalibration()
         self.drafting_ms: float | None = None  # running estimate of a drafting round
+        self._typical_timed = False  # whether drafting_ms has timed a typical round yet
         self.reset()
 
     def reset(self) -> None:
@@ -310,6 +311,9 @@ class AutoTreeDrafter(DrafterWrapper):
         self._losing = 0
         self._skip = 0
         self._backoff = 1
+        #: whether the drafter has run in this sequence: its first call reads the whole prompt (and
+        #: what was committed before it), not a typical round's few tokens
+        self._drafter_read = False
         #: this sequence's rounds verified with the drafter's and the context's drafts, with the
         #: context's alone (the gate skipped the drafter), with nothing worth verifying, and with
         #: the drafter skipped for losing (the last two: plain decoding)
@@ -476,15 +480,22 @@ class AutoTreeDrafter(DrafterWrapper):
             )
             bucket = self.gate.bucket(alone.expected_tokens if alone.nodes else 1.0)
         drafts = bucket is None or self.gate.choose(bucket)
+        # the drafter's first call in a sequence also fills its prefix cache with the prompt: not a
+        # typical round, whichever round it comes in (the gate may skip the drafter in the first
+        # rounds); counted, its one-off cost would price every later drafting round higher
+        fresh = drafts and not self._drafter_read
         if drafts:
             begin = now(input_ids.device)
             proposal = self.base.propose(input_ids, gamma, num_drafts, temperature, generator)
+            self._drafter_read = True
             self._drafter_candidates(trie, proposal)
             elapsed = (now(input_ids.device) - begin) * 1e3
-            # the first round of a sequence also fills the drafter's prefix cache: not a typical round
-            if self.drafting_ms is None:
+            typical = not (first or fresh)
+            if self.drafting_ms is None or (typical and not self._typical_timed):
+                # an untypical first estimate stands in until a typical round replaces it
                 self.drafting_ms = elapsed
-            elif not first:
+                self._typical_timed = typical
+            elif typical:
                 self.drafting_ms = 0.7 * self.drafting_ms + 0.3 * elapsed
             ranked = self._ranked(trie)
         else:
@@ -496,7 +507,8 @@ class AutoTreeDrafter(DrafterWrapper):
             self.lookup_ms + (self.drafting_ms if drafts else 0.0),
             self.max_nodes - 1,
         )
-        if bucket is not None and not first:  # the first round's time holds the prefill's catch-up
+        # the first round's time holds the prefill's catch-up; a fresh drafter's, the prompt's read
+        if bucket is not None and not (first or fresh):
             self.gate.start(bucket, drafts, len(context), start)
         self._pace(choice)
         if choice.nodes == 0:
