@@ -570,7 +570,8 @@ def smollm2_targets(num_drafts: int, machine: dict | None = None) -> list:
             "best SpecDiff-2 vs fastest HF prompt lookup",
             fastest("specdiff2"),
             fastest("hf_prompt_lookup"),
-            1.0,
+            # issue 17 asks >= 1.2x on a CPU with fast bf16; elsewhere only that speculation not lose
+            1.2 if fast_bf16 else 1.0,
         ),
         Target(
             "streak-distillation vs MDM-only drafter, accepted/call (K=1)",
