@@ -1,6 +1,8 @@
 """load_pair: a shipped pair in one call, decoding greedy-identically to its verifier, compiled
 where torch.compile can build kernels (``compile="auto"``)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -38,7 +40,11 @@ def test_the_shipped_smollm2_pair_decodes_as_its_verifier():
     assert isinstance(pair.drafter, DFlashDrafter) and pair.drafter.head_vocab == 8192
     ranking = pair.drafter.vocab_ranking
     assert ranking is not None and pair.drafter.draft_vocab.ids.tolist() == sorted(ranking[:8192])
-    assert pair.decoding["datastore"].endswith("corpus_dflash_1m.parquet")  # the corpus copies join
+    # the corpus copies join: both of the drafter's corpora, one index
+    assert [Path(f).name for f in pair.decoding["datastore"]] == [
+        "corpus_dflash_1m.parquet",
+        "corpus_dflash_gpu.parquet",
+    ]
     ids = pair.encode("Write a Python function that adds two numbers.")
     out = pair.generate(ids, max_new_tokens=24)
     ref = reference_greedy(pair.verifier, ids, 24, eos_token_id=pair.verifier.generation_config.eos_token_id)

@@ -108,6 +108,28 @@ def test_corpus_files_and_their_errors(tmp_path):
         TokenDatastore([[2**21]])
 
 
+def test_several_corpus_files_make_one_index(tmp_path):
+    """A list of corpus files (the shipped pair's two corpora) is one store: lookups count the
+    occurrences in every file, as a store of all their sequences would; a missing or malformed file
+    is named; the store is built once per process for the same files."""
+    from datasets import Dataset
+
+    first = [{"continuation_ids": [5, 6, 7]}, {"continuation_ids": [9, 5, 6, 7]}]
+    second = [{"continuation_ids": [5, 6, 8]}, {"continuation_ids": []}]
+    a, b = tmp_path / "a.parquet", tmp_path / "b.jsonl"
+    Dataset.from_list(first).to_parquet(str(a))
+    b.write_text("".join(json.dumps(r) + "\n" for r in second))
+    both = load_datastore([a, b])
+    joined = TokenDatastore([r["continuation_ids"] for r in first + second])
+    assert both.lookup([5, 6], depth=1).counts == joined.lookup([5, 6], depth=1).counts == {(7,): 2, (8,): 1}
+    assert len(both) == len(joined) == 10 and str(a) in both.source and str(b) in both.source
+    assert load_datastore([str(a), str(b)]) is both and load_datastore(a) is not both
+    with pytest.raises(FileNotFoundError, match="missing.parquet"):
+        load_datastore([a, tmp_path / "missing.parquet"])
+    with pytest.raises(ValueError, match="no corpus file given"):
+        TokenDatastore.from_corpus([])
+
+
 def test_a_datastore_is_refused_where_it_cannot_join():
     verifier, drafter = make_pair("qwen2", "llama", seed=1)
     prompt = torch.tensor([[1, 2]])

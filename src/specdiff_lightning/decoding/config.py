@@ -39,10 +39,11 @@ class DecodingConfig:
           tree: {min_confidence: 0.1, siblings: [0]}
           lookup: {num_lookups: 2, ngram_lengths: {1: 2, 2: 5}}
 
-    ``datastore`` (``tree: auto`` only): a corpus file of the verifier's answers (``.parquet`` or
-    ``.jsonl`` records with ``continuation_ids``, as ``generate-corpus`` writes; e.g. the drafter's
-    distillation corpus) whose continuations of the context's longest suffix join each round's
-    candidates (:mod:`~specdiff_lightning.decoding.datastore`); null: none.
+    ``datastore`` (``tree: auto`` only): a corpus file of the verifier's answers, or a list of them
+    (``.parquet`` or ``.jsonl`` records with ``continuation_ids``, as ``generate-corpus`` writes;
+    e.g. the drafter's distillation corpora, indexed as one) whose continuations of the context's
+    longest suffix join each round's candidates (:mod:`~specdiff_lightning.decoding.datastore`);
+    null: none.
 
     ``compile``: score every tree through the verifier's compiled forward over a static KV cache
     (:mod:`~specdiff_lightning.decoding.compiled`): no framework overhead per round, after a
@@ -61,7 +62,7 @@ class DecodingConfig:
     seed: int = 0
     tree: dict | str | None = "auto"
     lookup: bool | dict = False
-    datastore: str | None = None
+    datastore: str | list[str] | None = None
     compile: bool = False
 
     def __post_init__(self) -> None:

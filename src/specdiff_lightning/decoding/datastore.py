@@ -161,50 +161,67 @@ class TokenDatastore:
 
     @classmethod
     def from_corpus(
-        cls, path: str | os.PathLike, field: str = "continuation_ids", window: int = 8
+        cls,
+        path: str | os.PathLike | Sequence[str | os.PathLike],
+        field: str = "continuation_ids",
+        window: int = 8,
     ) -> TokenDatastore:
-        """The ``field`` sequences of a corpus file (``.parquet`` or ``.jsonl`` records, as
-        ``generate-corpus`` writes): the verifier's answers, by default."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"datastore corpus {str(path)!r} does not exist; point decoding.datastore at a corpus "
-                f"file (.parquet or .jsonl with {field!r}, as generate-corpus writes), or set it to null"
-            )
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
+        """The ``field`` sequences of one corpus file or several (``.parquet`` or ``.jsonl``
+        records, as ``generate-corpus`` writes), in one index: the verifier's answers, by default."""
+        paths = [Path(path)] if isinstance(path, str | os.PathLike) else [Path(p) for p in path]
+        if not paths:
+            raise ValueError("datastore: no corpus file given; name one or more, or set datastore to null")
+        sequences = [s for p in paths for s in _corpus_sequences(p, field) if s]
+        return cls(sequences, window=window, source=" + ".join(str(p) for p in paths))
 
-            names = pq.read_schema(path).names
-            if field not in names:
-                raise ValueError(f"datastore corpus {path}: no {field!r} column (it has {names})")
-            sequences = pq.read_table(path, columns=[field]).column(field).to_pylist()
-        elif path.suffix in (".jsonl", ".json"):
-            sequences = []
-            with open(path, encoding="utf-8") as fh:
-                for line_no, line in enumerate(fh, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        sequences.append(json.loads(line)[field])
-                    except (json.JSONDecodeError, KeyError, TypeError) as err:
-                        raise ValueError(
-                            f"datastore corpus {path}, line {line_no}: not a record with {field!r} ({err})"
-                        ) from None
-        else:
-            raise ValueError(f"datastore corpus {path}: expected a .parquet or .jsonl file")
-        return cls((s for s in sequences if s), window=window, source=str(path))
+
+def _corpus_sequences(path: Path, field: str) -> list[list[int]]:
+    """The ``field`` column of one corpus file; errors name the file (and the line of a JSONL)."""
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"datastore corpus {str(path)!r} does not exist; point decoding.datastore at a corpus "
+            f"file (.parquet or .jsonl with {field!r}, as generate-corpus writes), or set it to null"
+        )
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        names = pq.read_schema(path).names
+        if field not in names:
+            raise ValueError(f"datastore corpus {path}: no {field!r} column (it has {names})")
+        return pq.read_table(path, columns=[field]).column(field).to_pylist()
+    if path.suffix in (".jsonl", ".json"):
+        sequences = []
+        with open(path, encoding="utf-8") as fh:
+            for line_no, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    sequences.append(json.loads(line)[field])
+                except (json.JSONDecodeError, KeyError, TypeError) as err:
+                    raise ValueError(
+                        f"datastore corpus {path}, line {line_no}: not a record with {field!r} ({err})"
+                    ) from None
+        return sequences
+    raise ValueError(f"datastore corpus {path}: expected a .parquet or .jsonl file")
 
 
 _LOADED: dict[tuple, TokenDatastore] = {}
 
 
-def load_datastore(path: str | os.PathLike | TokenDatastore) -> TokenDatastore:
-    """``path``'s datastore, built once per process and file version (a store passes through)."""
+def load_datastore(
+    path: str | os.PathLike | Sequence[str | os.PathLike] | TokenDatastore,
+) -> TokenDatastore:
+    """The datastore of one corpus file or several (one index over all of them), built once per
+    process and file versions (a store passes through)."""
     if isinstance(path, TokenDatastore):
         return path
-    resolved = Path(path).resolve()
-    stat = resolved.stat() if resolved.is_file() else None
-    key = (str(resolved), stat.st_mtime_ns if stat else None, stat.st_size if stat else None)
+    paths = [path] if isinstance(path, str | os.PathLike) else list(path)
+    key = []
+    for p in paths:
+        resolved = Path(p).resolve()
+        stat = resolved.stat() if resolved.is_file() else None
+        key.append((str(resolved), stat.st_mtime_ns if stat else None, stat.st_size if stat else None))
+    key = tuple(key)
     if key not in _LOADED:
-        _LOADED[key] = TokenDatastore.from_corpus(resolved)
+        _LOADED[key] = TokenDatastore.from_corpus([Path(k[0]) for k in key])
     return _LOADED[key]

@@ -270,7 +270,7 @@ def speculative_generate(
     profiler: RoundProfiler | None = None,
     streamer=None,
     tree: str | None = "auto",
-    datastore: TokenDatastore | str | None = None,
+    datastore: TokenDatastore | str | list[str] | None = None,
     compile: bool = False,
 ) -> GenerationOutput:
     """Losslessly decode ``verifier`` with drafts from ``drafter`` (SpecDiff-2, METHOD.md §2–4).
@@ -304,9 +304,10 @@ def speculative_generate(
             measured cost; plain decoding when nothing pays); ``greedy`` acceptance only. A drafter
             already wrapped (:class:`AdaptiveDrafter`, :class:`LookupAugmentedDrafter`) keeps its
             shape. None: the drafts as drawn (K windows of gamma), as ``standard`` / ``recursive`` need.
-        datastore: with ``tree='auto'``, a :class:`~.datastore.TokenDatastore` or the path of a
-            corpus file (e.g. the drafter's distillation corpus of the verifier's answers): the
-            continuations of the context's longest suffix there join each round's candidates.
+        datastore: with ``tree='auto'``, a :class:`~.datastore.TokenDatastore`, or the path of a
+            corpus file or a list of them (e.g. the drafter's distillation corpora of the verifier's
+            answers, indexed as one): the continuations of the context's longest suffix there join
+            each round's candidates.
         compile: score every tree through the verifier's compiled forward over a static KV cache
             (:mod:`~specdiff_lightning.decoding.compiled`): no framework overhead per round, at
             the price of compiling a few graphs on first use (minutes on a CPU: with the weights

@@ -41,11 +41,12 @@ class SmolPreset:
     #: ones the verifier wrote most in the drafter's corpus (its draft_vocab.json: 99% of held-out
     #: corpus answer tokens, against 85% for ids [0, 8192); docs/drafters.md)
     head_vocab: int = 8192
-    #: the corpus (under the assets) whose continuations join the ``_store`` rows' trees: the
-    #: verifier's answers to 9,000 function prompts, disjoint from HumanEval. Its lookup's settings
-    #: (suffixes of 1-8 tokens, 64 occurrences sampled, continuations of up to 8 tokens) were chosen
-    #: by replaying the verifier's greedy answers to HumanEval 0-19 (the dev split) offline.
-    datastore: str | None = "corpus_dflash_1m.parquet"
+    #: the corpora (under the assets) whose continuations join the ``_store`` rows' trees, indexed
+    #: as one: the verifier's answers to 32,040 function prompts, disjoint from HumanEval (the
+    #: shipped pair's, pairs.SHIPPED_PAIRS). The lookup's settings (suffixes of 1-8 tokens, 64
+    #: occurrences sampled, continuations of up to 8 tokens) were chosen by replaying the verifier's
+    #: greedy answers to HumanEval 0-19 (the dev split) offline, with the first corpus alone.
+    datastore: tuple[str, ...] = ("corpus_dflash_1m.parquet", "corpus_dflash_gpu.parquet")
     #: K of the self-selection rows: the drafter's mode and its K-1 runner-up first tokens
     num_drafts: int = 4
     cost_contexts: tuple[int, ...] = (200, 400, 600, 800, 1000)
@@ -272,7 +273,7 @@ def smollm2_methods(
     eager speed rows, ``fast_compiled`` the compiled ones' (None: ``fast``); a row asked for in both
     it and float32 runs once when they are the same. ``compiled_dtypes``: the dtypes whose
     compiled forward the run compiled (None: ``p.dtypes``); compiled rows run in no other. Rows with
-    corpus copies read ``p.datastore`` under ``assets`` (left out where it is None)."""
+    corpus copies read ``p.datastore`` under ``assets`` (left out where it is empty)."""
     from ..bench import BenchMethod
     from ..bench.methods import short_dtype
 
@@ -280,7 +281,7 @@ def smollm2_methods(
     # draft-tree settings named in _ROWS, from the preset
     presets = {
         "runner_ups": {"siblings": (0,), "branch_width": p.num_drafts - 1},
-        "corpus": None if p.datastore is None else str(assets / p.datastore),
+        "corpus": [str(assets / f) for f in p.datastore] or None,
     }
     for key, label, kind, decoding, options, dtypes in _ROWS:
         if decoding.get("datastore") and presets[decoding["datastore"]] is None:
