@@ -302,6 +302,8 @@ def test_expensive_nodes_fall_back_to_plain_decoding_and_stay_exact():
     assert torch.equal(out.sequences, ref)
     assert all(r.tree_size == 1 for r in out.stats.rounds)  # plain decoding: the root alone
     assert drafter.counts["drafted"] == 0 and drafter.counts["skipped"] > 0  # the drafter stopped being asked
+    # the stats count the drafter's forwards, not the rounds: the skipped rounds ran none
+    assert 0 < out.stats.drafter_calls == drafter.drafter_calls < out.stats.verifier_calls
 
 
 def test_cheap_nodes_grow_trees_and_learn_the_acceptance():

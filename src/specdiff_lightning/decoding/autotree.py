@@ -318,6 +318,9 @@ class AutoTreeDrafter(DrafterWrapper):
         #: context's alone (the gate skipped the drafter), with nothing worth verifying, and with
         #: the drafter skipped for losing (the last two: plain decoding)
         self.counts = {"drafted": 0, "undrafted": 0, "plain": 0, "skipped": 0}
+        #: this sequence's forwards of the drafter itself (rounds the gate or the pacing skipped
+        #: it run none; a round that drafted and then chose plain decoding ran one)
+        self.drafter_calls = 0
 
     # ------------------------------------------------------------------ learning
     def _learn(self, context: list[int]) -> None:
@@ -487,6 +490,7 @@ class AutoTreeDrafter(DrafterWrapper):
         if drafts:
             begin = now(input_ids.device)
             proposal = self.base.propose(input_ids, gamma, num_drafts, temperature, generator)
+            self.drafter_calls += 1
             self._drafter_read = True
             self._drafter_candidates(trie, proposal)
             elapsed = (now(input_ids.device) - begin) * 1e3

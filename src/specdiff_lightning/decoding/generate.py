@@ -352,7 +352,9 @@ def speculative_generate(
                         vocab,
                         device,
                     )
-                    stats.drafter_calls += window > 0
+                    # an auto tree counts its drafter's forwards itself (its gate may skip them)
+                    if not isinstance(drafter, AutoTreeDrafter):
+                        stats.drafter_calls += window > 0
                 with prof.phase("tree"):
                     tree = build_tree(state.pending, drafts, lengths)
                 with prof.phase("verify"):
@@ -375,6 +377,8 @@ def speculative_generate(
                     )
                 )
                 out.emit(emitted)
+        if isinstance(drafter, AutoTreeDrafter):
+            stats.drafter_calls = drafter.drafter_calls
         return out.finish(stats)
 
 

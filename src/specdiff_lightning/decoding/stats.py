@@ -30,8 +30,9 @@ class DecodingStats:
     """Statistics of one :func:`speculative_generate` call.
 
     ``verifier_calls`` counts the per-round forwards (not the prompt prefill, see
-    ``prefill_calls``); ``mean_accepted`` excludes the token each round emits itself, while
-    ``mean_tokens_per_call`` includes it (correction or bonus).
+    ``prefill_calls``); ``drafter_calls`` counts the drafter's forwards (under ``tree='auto'``,
+    rounds whose gate skipped the drafter run none); ``mean_accepted`` excludes the token each
+    round emits itself, while ``mean_tokens_per_call`` includes it (correction or bonus).
 
     Acceptance counts only what was emitted: when decoding stops at an EOS inside a round, the
     draft tokens accepted after it are thrown away and not counted (see :attr:`emitted_rounds`;
