@@ -174,9 +174,9 @@ def load_pair(
     decoding = dict(spec.decoding)
     if spec.datastore:
         files = [path / f for f in spec.datastore]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise FileNotFoundError(f"the shipped corpus of {name!r} is missing ({', '.join(missing)})")
+        absent = [str(f) for f in files if not f.is_file()]
+        if absent:
+            raise FileNotFoundError(f"the shipped corpus of {name!r} is missing ({', '.join(absent)})")
         decoding["datastore"] = [str(f) for f in files]
     if compile == "auto":
         missing = compile_unavailable(torch.device("cpu"))  # where load_verifier puts the verifier

@@ -168,11 +168,16 @@ class TokenDatastore:
     ) -> TokenDatastore:
         """The ``field`` sequences of one corpus file or several (``.parquet`` or ``.jsonl``
         records, as ``generate-corpus`` writes), in one index: the verifier's answers, by default."""
-        paths = [Path(path)] if isinstance(path, str | os.PathLike) else [Path(p) for p in path]
+        paths = _as_paths(path)
         if not paths:
             raise ValueError("datastore: no corpus file given; name one or more, or set datastore to null")
         sequences = [s for p in paths for s in _corpus_sequences(p, field) if s]
         return cls(sequences, window=window, source=" + ".join(str(p) for p in paths))
+
+
+def _as_paths(path: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """One corpus file or several, as a list of paths."""
+    return [Path(path)] if isinstance(path, str | os.PathLike) else [Path(p) for p in path]
 
 
 def _corpus_sequences(path: Path, field: str) -> list[list[int]]:
@@ -215,13 +220,14 @@ def load_datastore(
     process and file versions (a store passes through)."""
     if isinstance(path, TokenDatastore):
         return path
-    paths = [path] if isinstance(path, str | os.PathLike) else list(path)
-    key = []
-    for p in paths:
-        resolved = Path(p).resolve()
-        stat = resolved.stat() if resolved.is_file() else None
-        key.append((str(resolved), stat.st_mtime_ns if stat else None, stat.st_size if stat else None))
-    key = tuple(key)
+    resolved = [p.resolve() for p in _as_paths(path)]
+    key = tuple(_version(p) for p in resolved)
     if key not in _LOADED:
-        _LOADED[key] = TokenDatastore.from_corpus([Path(k[0]) for k in key])
+        _LOADED[key] = TokenDatastore.from_corpus(resolved)
     return _LOADED[key]
+
+
+def _version(path: Path) -> tuple:
+    """A file's identity for the cache: its path, modification time and size (None: missing)."""
+    stat = path.stat() if path.is_file() else None
+    return str(path), stat.st_mtime_ns if stat else None, stat.st_size if stat else None
