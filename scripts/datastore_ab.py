@@ -21,8 +21,9 @@ import time
 import torch
 
 from specdiff_lightning import load_pair
+from specdiff_lightning.data.benchmarks import load_benchmark
+from specdiff_lightning.data.tokenization import encode_prompt
 from specdiff_lightning.decoding.datastore import load_datastore
-from specdiff_lightning.demo.smollm2 import _prompts
 from specdiff_lightning.pairs import assets_dir
 
 
@@ -49,7 +50,8 @@ def main() -> None:
     }
     for name, store in arms.items():
         print(f"{name}: {store.source} ({len(store):,} tokens)", flush=True)
-    prompts = [torch.tensor([r["prompt_ids"]]) for r in _prompts(pair.tokenizer, args.problems, args.offset)]
+    rows = load_benchmark("humaneval", limit=args.offset + args.problems)[args.offset :]
+    prompts = [torch.tensor([encode_prompt(pair.tokenizer, r["prompt"])]) for r in rows]
     for store in arms.values():  # each arm's first decode outside the timing
         pair.generate(prompts[0], max_new_tokens=32, datastore=store)
     results = {name: [] for name in arms}
