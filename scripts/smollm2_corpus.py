@@ -36,6 +36,7 @@ from specdiff_lightning.data.benchmarks import code_completion_prompt
 from specdiff_lightning.data.function_prompts import PACKAGES, function_prompts, humaneval_disjoint
 from specdiff_lightning.data.stdlib import _function_prompts, is_heldout, stdlib_files
 from specdiff_lightning.data.tokenization import encode_prompt
+from specdiff_lightning.decoding.calibration import native_bf16
 from specdiff_lightning.models.smollm2 import smollm2_dir
 
 
@@ -100,6 +101,13 @@ def main() -> None:
     ap.add_argument("--write_prompts", help="write the pool as JSONL {id, prompt} here and stop")
     ap.add_argument("--prompts", help="decode this JSONL {id, prompt} instead of building a pool")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--dtype",
+        choices=("auto", "bfloat16", "float32"),
+        default="auto",
+        help="auto: bfloat16 on a GPU or a CPU that multiplies bf16 in hardware (AVX512-BF16/AMX), float32 "
+        "elsewhere, where bf16 is emulated and batches of it run several times slower (docs/results.md)",
+    )
     ap.add_argument("--max_seconds", type=float, help="stop after the batch that passes this many seconds")
     args = ap.parse_args()
     if not (args.out or args.write_prompts):
@@ -126,7 +134,13 @@ def main() -> None:
             f.writelines(json.dumps({"id": p["id"], "prompt": p["prompt"]}) + "\n" for p in pool)
         print(f"{len(pool)} prompts written to {args.write_prompts}")
         return
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).to(args.device).eval()
+    dtype = args.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if torch.device(args.device).type != "cpu" or native_bf16() else "float32"
+        print(f"dtype: {dtype}", flush=True)
+    model = (
+        AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype)).to(args.device).eval()
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = _done_ids(out)

@@ -281,6 +281,21 @@ def test_the_machine_names_its_cpu_family_and_model(tmp_path, monkeypatch):
     assert name == "AMD EPYC (family 25 model 17)" and {"avx2", "avx512f"} <= flags
 
 
+def test_bf16_is_native_only_with_bf16_instructions_at_an_avx512_kernel_level():
+    """The Zen 3 of stop 47 (AVX2 only) and the AVX2 emulation on an AMX Xeon (flags present,
+    kernels capped) both emulate bf16; a record from before the kernel level was kept goes by flags."""
+    from specdiff_lightning.decoding.calibration import native_bf16
+
+    amx = ["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"]
+    assert native_bf16({"cpu_flags": amx, "cpu_capability": "AVX512"})
+    assert native_bf16({"cpu_flags": ["avx2", "avx512f", "avx512_bf16"], "cpu_capability": "AVX512"})  # Zen 4
+    assert not native_bf16({"cpu_flags": amx, "cpu_capability": "AVX2"})  # the emulation
+    assert not native_bf16({"cpu_flags": ["avx2"], "cpu_capability": "AVX2"})  # Zen 1, Zen 3
+    assert native_bf16({"cpu_flags": amx}) and not native_bf16({"cpu_flags": ["avx2"]})
+    assert not native_bf16({})
+    assert isinstance(native_bf16(), bool)  # this machine's
+
+
 def test_a_measured_cost_model_is_positive_and_non_decreasing():
     model = tiny_model("qwen2", vocab_size=32, hidden_size=16, num_layers=1)
     cost = measure_cost_model(model, nodes=(1, 2, 8), contexts=(4, 16), repeats=2)

@@ -479,6 +479,7 @@ def smollm2_targets(num_drafts: int, machine: dict | None = None) -> list:
     machine class (2.0x where the CPU has bf16 instructions, 1.3x where bf16 is emulated)."""
     from ..bench.methods import short_dtype
     from ..bench.targets import Target, best_row, fastest_plain, figure
+    from ..decoding.calibration import native_bf16
 
     def fastest(role):
         return lambda r: figure(best_row(r, role), "tokens_per_s")
@@ -511,11 +512,9 @@ def smollm2_targets(num_drafts: int, machine: dict | None = None) -> list:
             f"drafter round at {curve[-1]['context']} / at {curve[0]['context']} tokens",
         )
 
-    flags = set((machine or {}).get("cpu_flags", ()))
     # the class is what torch's kernels use: bf16 instructions present and not capped (the AVX2
     # emulation sets ATEN_CPU_CAPABILITY=avx2 on a CPU that has them)
-    capability = str((machine or {}).get("cpu_capability", "AVX512"))
-    fast_bf16 = bool(flags & {"avx512_bf16", "amx_bf16"}) and capability.startswith("AVX512")
+    fast_bf16 = native_bf16(machine or {})
 
     def defaults_row(r):
         # what load_pair(...).generate runs at its defaults (SHIPPED_PAIRS: tree: auto with the
