@@ -806,8 +806,15 @@ def run_smollm2_demo(
         if compiled_calibration is not None:
             f.write("\n" + calibration_table(compiled_calibration))
     print((out / "bench.md").read_text())
-    print(f"demo finished in {time.perf_counter() - start:.0f} s; outputs in {out}/")
-    (out / "demo.json").write_text(json.dumps({"seconds": time.perf_counter() - start, "preset": preset}))
+    # two clocks: this process's, and the budget's (from `make demo`'s start, the install included)
+    seconds, since_started = time.perf_counter() - start, time.time() - started
+    print(
+        f"demo finished in {seconds:.0f} s ({since_started:.0f} s since the run started, the install "
+        f"included, as its time budget counts); outputs in {out}/"
+    )
+    (out / "demo.json").write_text(
+        json.dumps({"seconds": seconds, "seconds_since_started": since_started, "preset": preset})
+    )
     return 0
 
 
