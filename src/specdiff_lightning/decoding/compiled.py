@@ -36,7 +36,13 @@ a C++ template generated for its shape, measured against ATen's when the graph c
 halves what a tree of 2-8 nodes costs over one node with AVX2 kernels (float32); compiling takes
 longer (SmolLM2 on 2 cores: ~2 minutes cold against ~1 with stock GEMMs; inductor's disk cache
 keeps it). Frozen weights are a snapshot: a verifier whose weights change after its forward
-compiled is refused (reload it).
+compiled is refused (reload it). The template is measured and blocked for the row count of the
+graph's first call (a one-node tree as two rows), and larger trees stream the weights once per block
+of rows: on a Zen 4 (AVX512-BF16, no AMX) in bf16 an 8-node tree costs 3.3x a step, against 1.16x
+eagerly and ~1.2x with frozen weights alone, while 1-4 nodes cost least this way; on AMX the graph is
+flat to 16 nodes. ``tree: auto`` reads whichever curve the machine has. A second graph for larger
+trees was measured and not adopted: it decoded no faster with the shipped drafter and compiles for
+minutes more (docs/results.md, stops 35 and 48; ``scripts/probe_compiled_plan.py``).
 
 Lossless as before: greedy acceptance is exact for any logits the verifier gives, and the compiled
 forward *is* the verifier here; in float32 its logits match the eager forward's to rounding (tests
