@@ -39,8 +39,9 @@ keeps it). Frozen weights are a snapshot: a verifier whose weights change after 
 compiled is refused (reload it). The template is measured and blocked for the row count of the
 graph's first call (a one-node tree as two rows), and larger trees stream the weights once per block
 of rows: on a Zen 4 (AVX512-BF16, no AMX) in bf16 an 8-node tree costs 3.3x a step, against 1.16x
-eagerly and ~1.2x with frozen weights alone, while 1-4 nodes cost least this way; on AMX the graph is
-flat to 16 nodes. ``tree: auto`` reads whichever curve the machine has. A second graph for larger
+eagerly and ~1.2x with frozen weights alone (the cliff fell at 4 nodes in another compile: inductor
+times its candidates on the machine), while the smallest trees cost least this way; on AMX the graph
+is flat to 16 nodes. ``tree: auto`` reads whichever curve the machine has. A second graph for larger
 trees was measured and not adopted: it decoded no faster with the shipped drafter and compiles for
 minutes more (docs/results.md, stops 35 and 48; ``scripts/probe_compiled_plan.py``).
 
