@@ -4,7 +4,7 @@ nodes, under the loop's own plan or a variant, and with the first compiled call 
 The loop compiles one shape-dynamic graph, and its first call is a one-node tree sent as two nodes
 (``decoding/compiled.py``). Under the ``autotune`` plan inductor measures each GEMM's candidates, and
 blocks its C++ template, for that first call's row count; the graph then serves every size. This
-probe prints the medians (ms) of the forward over each n through :class:`StaticTreeVerifier`, after a
+probe prints the medians (ms) of the forward over each n through the loop's ``StaticTreeVerifier``, after a
 first call of ``--first`` nodes, under:
 
 - ``autotune``: the loop's CPU plan (frozen weights, ``max_autotune``, backends ``CPP,ATEN``);
@@ -27,24 +27,15 @@ import time
 import torch
 
 from specdiff_lightning.decoding import compiled
-from specdiff_lightning.decoding.compiled import StaticTreeVerifier
-from specdiff_lightning.decoding.tree import build_tree
+
+# the calibration's own timing of one tree forward through the loop's verifier state (what the cost
+# model tree: auto reads is measured this way); private helpers, used by this probe only
+from specdiff_lightning.decoding.calibration import _forward, _state
 from specdiff_lightning.decoding.verifier import decoding_mode
 from specdiff_lightning.models.loading import load_verifier
 
 #: inductor settings of each plan (``autotune`` is the loop's own)
 PLANS = {"autotune": dict(compiled._AUTOTUNE), "freeze": {"freezing": True}}
-
-
-def _time_tree(state: StaticTreeVerifier, n: int, gen: torch.Generator) -> float:
-    """Seconds of one compiled forward over a chain of ``n`` nodes; the tree is dropped again."""
-    drafts = torch.randint(0, int(state.model.config.vocab_size), (1, n - 1), generator=gen)
-    tree = build_tree(state.pending, drafts)
-    start = time.perf_counter()
-    state.score(tree)
-    elapsed = time.perf_counter() - start
-    state.discard(tree)
-    return elapsed
 
 
 def main() -> None:
@@ -60,21 +51,20 @@ def main() -> None:
     compiled._AUTOTUNE = PLANS[args.plan]
     model = load_verifier("smollm2-135m-instruct", dtype=args.dtype)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, int(model.config.vocab_size), (1, args.context + 1), generator=gen)
     with decoding_mode(True), torch.no_grad():
-        state = StaticTreeVerifier(model, ids, capacity=args.context + 1 + max(args.nodes))
+        state = _state(model, args.context, max(args.nodes), True, gen)  # a StaticTreeVerifier
         start = time.perf_counter()
-        _time_tree(state, args.first, gen)
+        _forward(state, args.first, gen)
         print(
             f"plan {args.plan}: first call ({args.first} nodes) {time.perf_counter() - start:.0f} s",
             flush=True,
         )
         for n in args.nodes:  # any size the first graph does not serve compiles here, untimed
-            _time_tree(state, n, gen)
+            _forward(state, n, gen)
         times = {n: [] for n in args.nodes}
         for _ in range(args.repeats):
             for n in args.nodes:
-                times[n].append(_time_tree(state, n, gen) * 1e3)
+                times[n].append(_forward(state, n, gen) * 1e3)
     medians = "  ".join(f"{n}: {statistics.median(t):.1f}" for n, t in times.items())
     print(
         f"plan {args.plan}, first {args.first}, {args.dtype}, context {args.context}, ms by nodes: {medians}"
